@@ -1,0 +1,62 @@
+"""alkstore: durable background jobs without a broker.
+
+Open a store with :func:`open` (embedded SQLite by default, PostgreSQL by
+URL), take a :class:`Queue` with :meth:`Store.queue`, enqueue payloads and
+claim them as :class:`JobHandle` objects. The binding contract is SPEC.md;
+``docs/`` explains it.
+"""
+
+from __future__ import annotations
+
+from alkstore._backoff import Rng, backoff_ceiling_s, backoff_delay_s
+from alkstore._clock import Clock
+from alkstore._codec import MAX_NESTING, MAX_PAYLOAD_BYTES, decode_payload, encode_payload
+from alkstore._handle import JobHandle
+from alkstore._job import Job, JobState, QueueStats, SweepResult
+from alkstore._options import QueueOpts
+from alkstore._queue import Queue
+from alkstore._registry import DEFAULT_URL, open, register
+from alkstore._resolution import enqueue_options, resolve
+from alkstore._store import Store
+from alkstore._subscription import Subscription
+from alkstore.errors import (
+    AlkstoreError,
+    EngineError,
+    SchemaVersionError,
+    StoreClosedError,
+    UnknownEngineError,
+    ValidationError,
+)
+
+__all__ = [
+    "DEFAULT_URL",
+    "MAX_NESTING",
+    "MAX_PAYLOAD_BYTES",
+    "AlkstoreError",
+    "Clock",
+    "EngineError",
+    "Job",
+    "JobHandle",
+    "JobState",
+    "Queue",
+    "QueueOpts",
+    "QueueStats",
+    "Rng",
+    "SchemaVersionError",
+    "Store",
+    "StoreClosedError",
+    "Subscription",
+    "SweepResult",
+    "UnknownEngineError",
+    "ValidationError",
+    "backoff_ceiling_s",
+    "backoff_delay_s",
+    "decode_payload",
+    "encode_payload",
+    "enqueue_options",
+    "open",
+    "register",
+    "resolve",
+]
+
+__version__ = "0.1.0"

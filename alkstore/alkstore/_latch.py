@@ -1,0 +1,39 @@
+"""A level-triggered wake latch for subscriptions (SPEC §3 "Wake")."""
+
+from __future__ import annotations
+
+import threading
+
+__all__ = ["WakeLatch"]
+
+
+class WakeLatch:
+    """Remembers that at least one wake arrived until a waiter consumes it.
+
+    :meth:`set` may be called from any thread, any number of times;
+    :meth:`wait` returns ``True`` once for all wakes set since the previous
+    ``True``, so a claim-then-wait loop misses nothing.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._woken = False
+
+    def set(self) -> None:
+        """Record a wake and release any waiter."""
+        with self._cond:
+            self._woken = True
+            self._cond.notify_all()
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for a wake and consume it.
+
+        Returns
+        -------
+        bool
+            ``True`` if a wake was pending or arrived in time.
+        """
+        with self._cond:
+            woken = self._cond.wait_for(lambda: self._woken, timeout_s)
+            self._woken = False
+            return woken

@@ -1,0 +1,309 @@
+"""The :class:`Queue` ABC: the operations on one named queue (SPEC §2, §3)."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from alkstore import _validation as v
+from alkstore._codec import EncodedPayload, encode_payload
+from alkstore._job import Job, QueueStats, SweepResult
+from alkstore._options import QueueOpts
+from alkstore._resolution import Resolved, enqueue_options, resolve
+from alkstore.errors import ValidationError
+
+if TYPE_CHECKING:
+    from alkstore._handle import JobHandle
+    from alkstore._store import Store
+
+__all__ = ["Queue"]
+
+
+class Queue(abc.ABC):
+    """A handle on one named queue of a store (SPEC §2).
+
+    Obtain one with :meth:`Store.queue`. Every operation sees only this
+    queue's rows: a job id from another queue behaves as unknown. Every
+    public method raises :class:`~alkstore.errors.StoreClosedError` once the
+    store is closed (checked first), then
+    :class:`~alkstore.errors.ValidationError` for bad arguments (before any
+    I/O).
+
+    Engine authors implement the underscore primitives; the public methods
+    here validate, resolve options (one clock read per call), encode payloads
+    and compute backoff once for every engine.
+    """
+
+    def __init__(self, store: Store, name: str, opts: QueueOpts) -> None:
+        self._store = store
+        self._name = name
+        self._opts = opts
+
+    @property
+    def name(self) -> str:
+        """The queue's name."""
+        return self._name
+
+    @property
+    def opts(self) -> QueueOpts:
+        """The options this handle stamps on the rows it enqueues."""
+        return self._opts
+
+    @property
+    def store(self) -> Store:
+        """The store this queue belongs to."""
+        return self._store
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self._name!r}>"
+
+    # -- enqueue -------------------------------------------------------------
+
+    def _prepare(
+        self, payloads: Iterable[object], options: dict[str, Any]
+    ) -> tuple[Resolved, list[EncodedPayload]]:
+        self._store._check_open()
+        checked = enqueue_options(**options)
+        encoded = [encode_payload(p) for p in payloads]
+        return resolve(self._store._now(), self._opts, checked), encoded
+
+    def enqueue(
+        self,
+        payload: object,
+        *,
+        delay: object = None,
+        run_at: object = None,
+        priority: object = None,
+        max_attempts: object = None,
+        expires: object = None,
+    ) -> int:
+        """Add one job and wake the queue's subscribers on commit.
+
+        Parameters
+        ----------
+        payload
+            ``bytes`` (stored verbatim) or a strict-JSON value (SPEC §3
+            "Payload").
+        delay
+            Seconds or ``timedelta`` from now until the job is due; wins over
+            ``run_at``.
+        run_at
+            An aware ``datetime`` at which the job is due. Neither ``delay``
+            nor ``run_at`` means now.
+        priority
+            Overrides ``opts.priority``; higher is claimed first.
+        max_attempts
+            Overrides ``opts.max_attempts``.
+        expires
+            Seconds or ``timedelta`` after now at which the job expires;
+            overrides ``opts.expires_s``.
+
+        Returns
+        -------
+        int
+            The new job's id.
+
+        Raises
+        ------
+        StoreClosedError, ValidationError
+            As for every queue method; nothing is written.
+        EngineError
+            If the database fails.
+        """
+        resolved, encoded = self._prepare(
+            [payload],
+            dict(
+                delay=delay,
+                run_at=run_at,
+                priority=priority,
+                max_attempts=max_attempts,
+                expires=expires,
+            ),
+        )
+        return self._insert(resolved, encoded)[0]
+
+    def enqueue_many(self, payloads: Iterable[object], **options: Any) -> list[int]:
+        """Add many jobs in one transaction, all or nothing.
+
+        All items share one clock read, so one ``enqueued_at`` and ``run_at``;
+        ``options`` are :meth:`enqueue`'s keywords. Ids increase in list order.
+
+        Returns
+        -------
+        list[int]
+            The new ids, in the order of ``payloads`` (``[]`` for none).
+
+        Raises
+        ------
+        StoreClosedError, ValidationError, EngineError
+            As :meth:`enqueue`; a refused item means nothing is written.
+        """
+        if isinstance(payloads, (str, bytes, dict)) or not isinstance(payloads, Iterable):
+            raise ValidationError("payloads must be an iterable of payloads (a list)")
+        resolved, encoded = self._prepare(payloads, options)
+        if not encoded:
+            return []
+        return self._insert(resolved, encoded)
+
+    def enqueue_tx(self, conn: Any, payload: object, **options: Any) -> int:
+        """Add one job inside the caller's open transaction (SPEC §3
+        "Transactional enqueue").
+
+        alkstore never commits or rolls back ``conn``: the caller's commit
+        makes the job visible and wakes subscribers; a rollback leaves no row
+        and no wake. Validation happens before any statement runs, so a
+        refused payload never aborts the caller's transaction.
+
+        Parameters
+        ----------
+        conn
+            The engine's driver connection, inside an open transaction (see
+            the engine's documentation for the type).
+        payload, options
+            As :meth:`enqueue`.
+
+        Raises
+        ------
+        StoreClosedError, ValidationError, EngineError
+            As :meth:`enqueue`; ``ValidationError`` also for a ``conn`` of the
+            wrong kind or not inside a transaction.
+        """
+        resolved, encoded = self._prepare([payload], options)
+        return self._insert_tx(conn, resolved, encoded[0])
+
+    # -- claim ---------------------------------------------------------------
+
+    def claim_one(self, worker_id: str) -> JobHandle | None:
+        """Claim the first eligible job, or return ``None``.
+
+        See :meth:`claim_batch` for eligibility, order and effects.
+        """
+        self._store._check_open()
+        v.worker_id(worker_id)
+        handles = self._claim(worker_id, 1)
+        return handles[0] if handles else None
+
+    def claim_batch(self, worker_id: str, n: int) -> list[JobHandle]:
+        """Claim up to ``n`` eligible jobs, exactly once under any concurrency
+        (SPEC §3 "Claim").
+
+        Eligible: pending, due (``run_at <= now``) and not expired; or
+        processing with a lapsed claim, attempts below ``max_attempts`` and
+        not expired (a reclaim). Order: ``priority DESC, run_at ASC, id
+        ASC``. Each claim sets ``attempts += 1``, ``worker_id`` and
+        ``claim_deadline = now + visibility_timeout_s`` (the row's stamp).
+        First, this queue's lapsed claims with attempts exhausted move to the
+        dead table with ``last_error = "max attempts exceeded"``.
+
+        Parameters
+        ----------
+        worker_id
+            A str of 1 to 255 characters, recorded on the rows.
+        n
+            How many at most; ``n <= 0`` returns ``[]`` without I/O.
+
+        Returns
+        -------
+        list[JobHandle]
+            ``min(n, eligible)`` handles, in claim order.
+
+        Raises
+        ------
+        StoreClosedError, ValidationError, EngineError
+        """
+        self._store._check_open()
+        v.worker_id(worker_id)
+        if type(n) is not int:
+            raise ValidationError(f"n must be an int, not {type(n).__name__}")
+        if n <= 0:
+            return []
+        return self._claim(worker_id, n)
+
+    # -- other operations ----------------------------------------------------
+
+    def ack_batch(self, job_ids: Iterable[int]) -> int:
+        """Ack (delete) every listed job of this queue whose claim is valid:
+        processing and not lapsed, whoever holds it (SPEC §3 "ack_batch").
+
+        Returns
+        -------
+        int
+            How many were acked; each id counts once; unknown, pending or
+            lapsed ids are not counted.
+        """
+        self._store._check_open()
+        ids = v.job_ids(job_ids)
+        if not ids:
+            return 0
+        return self._ack_batch(ids)
+
+    def cancel(self, job_id: int) -> bool:
+        """Delete a pending or processing job of this queue unconditionally
+        (a running handler is not interrupted).
+
+        Returns
+        -------
+        bool
+            ``False`` when there is no such live job.
+        """
+        self._store._check_open()
+        return self._cancel(v.job_id(job_id))
+
+    def get_job(self, job_id: int) -> Job | None:
+        """Return a snapshot of a live or dead job of this queue, or ``None``."""
+        self._store._check_open()
+        return self._get_job(v.job_id(job_id))
+
+    def sweep_expired(self) -> SweepResult:
+        """Move this queue's expired rows (pending or processing) to the dead
+        table with ``last_error = "expired"``, then purge dead rows older than
+        this handle's ``opts.dead_letter_retention_s`` (``None`` keeps them).
+        Safe to run from many processes at once (SPEC §3 "sweep_expired()").
+        """
+        self._store._check_open()
+        return self._sweep_expired(self._opts.dead_letter_retention_s)
+
+    def stats(self) -> QueueStats:
+        """Count this queue's rows by state at one instant (SPEC §3 "stats()")."""
+        self._store._check_open()
+        return self._stats()
+
+    # -- engine primitives ---------------------------------------------------
+
+    @abc.abstractmethod
+    def _insert(self, resolved: Resolved, payloads: Sequence[EncodedPayload]) -> list[int]:
+        """Insert one pending row per payload, all sharing ``resolved``, in
+        one transaction that also signals the queue's wake; return the ids
+        in order. ``payloads`` is never empty."""
+
+    @abc.abstractmethod
+    def _insert_tx(self, conn: Any, resolved: Resolved, payload: EncodedPayload) -> int:
+        """As :meth:`_insert` for one row, through the caller's ``conn``,
+        never committing it. Check ``conn`` before any statement and raise
+        ``ValidationError`` if it is unusable or not in a transaction."""
+
+    @abc.abstractmethod
+    def _claim(self, worker_id: str, n: int) -> list[JobHandle]:
+        """Dead-letter exhausted lapsed claims, then claim ``n >= 1`` rows
+        atomically and return their handles in claim order."""
+
+    @abc.abstractmethod
+    def _ack_batch(self, job_ids: list[int]) -> int:
+        """Delete valid claims among distinct ``job_ids``; return the count."""
+
+    @abc.abstractmethod
+    def _cancel(self, job_id: int) -> bool:
+        """Delete a live row; ``True`` if one was deleted."""
+
+    @abc.abstractmethod
+    def _get_job(self, job_id: int) -> Job | None:
+        """Read a live or dead row of this queue."""
+
+    @abc.abstractmethod
+    def _sweep_expired(self, retention_s: float | None) -> SweepResult:
+        """Dead-letter expired rows, then purge dead rows past retention."""
+
+    @abc.abstractmethod
+    def _stats(self) -> QueueStats:
+        """Count rows by state."""

@@ -1,0 +1,125 @@
+"""Engine discovery by URL scheme (SPEC §1).
+
+Lookup order, after SQLAlchemy's plugin loader: engines registered in this
+process with :func:`register`, then the ``alkstore.engines`` entry points.
+Engines are imported only when a URL asks for them, so importing
+``alkstore`` imports no database driver. Two distributions claiming one
+scheme is an error, as in ibis.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import Any
+
+from alkstore._store import Store
+from alkstore.errors import UnknownEngineError, ValidationError
+
+__all__ = ["DEFAULT_URL", "ENTRY_POINT_GROUP", "EngineFactory", "open", "register"]
+
+#: The store opened when neither the ``url`` argument nor ``ALKSTORE_URL`` is set.
+DEFAULT_URL = "sqlite:///alkstore.db"
+ENTRY_POINT_GROUP = "alkstore.engines"
+URL_ENV = "ALKSTORE_URL"
+
+#: An engine's entry: called as ``factory(url, **engine_options)``.
+EngineFactory = Callable[..., Store]
+
+# The first-party engines, for the install hint when one is missing (fsspec's
+# known-implementations table).
+_FIRST_PARTY = {
+    "sqlite": "alkstore-sqlite",
+    "postgresql": "alkstore-postgres",
+    "postgres": "alkstore-postgres",
+}
+
+_registered: dict[str, EngineFactory] = {}
+_lock = threading.Lock()
+
+
+def register(scheme: str, factory: EngineFactory) -> None:
+    """Register an engine for ``scheme`` in this process; it wins over entry
+    points. Registering again replaces the earlier factory.
+
+    Parameters
+    ----------
+    scheme
+        A URL scheme, such as ``"sqlite"`` (compared lower-case).
+    factory
+        Called as ``factory(url, **engine_options)``; returns a :class:`Store`.
+    """
+    with _lock:
+        _registered[scheme.lower()] = factory
+
+
+def _entry_point_schemes() -> dict[str, list[Any]]:
+    found: dict[str, list[Any]] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(ep.name.lower(), []).append(ep)
+    return found
+
+
+def _factory(scheme: str) -> EngineFactory:
+    with _lock:
+        factory = _registered.get(scheme)
+    if factory is not None:
+        return factory
+    points = _entry_point_schemes()
+    candidates = {ep.value: ep for ep in points.get(scheme, [])}
+    if len(candidates) > 1:
+        raise UnknownEngineError(
+            f"several installed engines claim the scheme {scheme!r}: "
+            f"{', '.join(sorted(candidates))}; uninstall all but one"
+        )
+    if candidates:
+        loaded: EngineFactory = next(iter(candidates.values())).load()
+        return loaded
+    installed = sorted(set(points) | set(_registered))
+    message = f"no alkstore engine for the scheme {scheme!r}; installed schemes: " + (
+        ", ".join(installed) or "none"
+    )
+    if scheme in _FIRST_PARTY:
+        message += f". Install it with: pip install {_FIRST_PARTY[scheme]}"
+    raise UnknownEngineError(message)
+
+
+def open(url: str | None = None, **engine_options: Any) -> Store:
+    """Open a store, choosing the engine by the URL's scheme (SPEC §1).
+
+    Parameters
+    ----------
+    url
+        ``sqlite:///relative.db``, ``sqlite:////absolute.db``,
+        ``postgresql://...``; default ``$ALKSTORE_URL``, else
+        ``sqlite:///alkstore.db``.
+    **engine_options
+        Every engine takes ``clock=`` (a callable returning an aware
+        ``datetime``), ``rng=`` (an object with ``randint``) and
+        ``migrate=`` (default ``True``); engines document their own.
+
+    Returns
+    -------
+    Store
+        Open, migrated unless ``migrate=False``; a context manager.
+
+    Raises
+    ------
+    UnknownEngineError
+        No installed engine serves the scheme (the message names the
+        installed ones and, for a first-party engine, the install command).
+    ValidationError
+        A malformed URL or an unknown or bad engine option.
+    SchemaVersionError
+        The schema is newer than the code, or missing with ``migrate=False``.
+    """
+    if url is None:
+        url = os.environ.get(URL_ENV) or DEFAULT_URL
+    if not isinstance(url, str):
+        raise ValidationError(f"url must be a str, not {type(url).__name__}")
+    scheme, sep, _ = url.partition("://")
+    if not sep or not scheme:
+        raise ValidationError(f"url {url!r} has no scheme; expected e.g. {DEFAULT_URL!r}")
+    return _factory(scheme.lower())(url, **engine_options)

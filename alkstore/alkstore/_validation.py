@@ -1,0 +1,198 @@
+"""Argument checks shared by every engine (SPEC §3 "Validation").
+
+Each check raises :class:`~alkstore.errors.ValidationError` with a message
+that names the argument and the rule; none does I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+
+from alkstore.errors import ValidationError
+
+__all__ = [
+    "MAX_DURATION_S",
+    "MAX_ERROR_CHARS",
+    "RESERVED_PREFIX",
+    "aware_utc",
+    "duration_s",
+    "error_text",
+    "int_in_range",
+    "job_id",
+    "job_ids",
+    "queue_name",
+    "worker_id",
+]
+
+#: The longest duration accepted anywhere: 100 years of 365.25 days, in seconds.
+MAX_DURATION_S = 100 * 365.25 * 86400
+#: Queue names starting with this are reserved for alkstore itself.
+RESERVED_PREFIX = "__alkstore_"
+#: ``last_error`` keeps at most this many characters (SPEC §3 "Error text").
+MAX_ERROR_CHARS = 65_536
+MAX_QUEUE_NAME_CHARS = 128
+MAX_WORKER_ID_CHARS = 255
+INT32_MIN = -(2**31)
+INT32_MAX = 2**31 - 1
+
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def duration_s(value: object, what: str, *, positive: bool = False) -> float:
+    """Return a duration as seconds.
+
+    Parameters
+    ----------
+    value
+        ``int``/``float`` seconds or a :class:`datetime.timedelta`; finite,
+        ``>= 0`` (``> 0`` when ``positive``) and at most 100 years (SPEC §2).
+    what
+        The argument's name, for the error message.
+
+    Raises
+    ------
+    ValidationError
+        For any other value (``bool`` included).
+    """
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif _is_int(value) or isinstance(value, float):
+        seconds = float(value)  # type: ignore[arg-type]
+    else:
+        raise ValidationError(
+            f"{what} must be seconds (int or float) or a timedelta, not {type(value).__name__}"
+        )
+    if not math.isfinite(seconds):
+        raise ValidationError(f"{what} must be finite, got {value!r}")
+    if seconds < 0 or (positive and seconds == 0):
+        bound = "> 0" if positive else ">= 0"
+        raise ValidationError(f"{what} must be {bound} seconds, got {value!r}")
+    if seconds > MAX_DURATION_S:
+        raise ValidationError(f"{what} must be at most 100 years, got {value!r}")
+    return seconds
+
+
+def int_in_range(value: object, what: str, low: int, high: int) -> int:
+    """Return ``value`` if it is an ``int`` (not ``bool``) in ``[low, high]``.
+
+    Raises
+    ------
+    ValidationError
+        Otherwise.
+    """
+    if not _is_int(value):
+        raise ValidationError(f"{what} must be an int, not {type(value).__name__}")
+    assert isinstance(value, int)
+    if not low <= value <= high:
+        raise ValidationError(f"{what} must be in {low}..{high}, got {value}")
+    return value
+
+
+def aware_utc(value: object, what: str) -> datetime:
+    """Return a timezone-aware ``datetime`` converted to UTC.
+
+    Raises
+    ------
+    ValidationError
+        If ``value`` is not a ``datetime`` or is naive.
+    """
+    if not isinstance(value, datetime):
+        raise ValidationError(f"{what} must be a datetime, not {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValidationError(f"{what} must be timezone-aware, got naive {value!r}")
+    return value.astimezone(UTC)
+
+
+def queue_name(name: object) -> str:
+    """Check a queue name (SPEC §3 "Validation").
+
+    A name is 1 to 128 characters of ``[A-Za-z0-9_.:-]`` and does not start
+    with the reserved prefix ``__alkstore_``.
+
+    Raises
+    ------
+    ValidationError
+        For any other name.
+    """
+    if not isinstance(name, str):
+        raise ValidationError(f"queue name must be a str, not {type(name).__name__}")
+    if not name:
+        raise ValidationError("queue name must not be empty")
+    if len(name) > MAX_QUEUE_NAME_CHARS:
+        raise ValidationError(
+            f"queue name must be at most {MAX_QUEUE_NAME_CHARS} characters, got {len(name)}"
+        )
+    if not _QUEUE_NAME.fullmatch(name):
+        raise ValidationError(f"queue name {name!r} may only hold letters, digits and '_.:-'")
+    if name.startswith(RESERVED_PREFIX):
+        raise ValidationError(f"queue name {name!r} uses the reserved prefix {RESERVED_PREFIX!r}")
+    return name
+
+
+def worker_id(value: object) -> str:
+    """Check a ``worker_id``: a ``str`` of 1 to 255 characters.
+
+    Raises
+    ------
+    ValidationError
+        Otherwise.
+    """
+    if not isinstance(value, str):
+        raise ValidationError(f"worker_id must be a str, not {type(value).__name__}")
+    if not 1 <= len(value) <= MAX_WORKER_ID_CHARS:
+        raise ValidationError(
+            f"worker_id must be 1 to {MAX_WORKER_ID_CHARS} characters, got {len(value)}"
+        )
+    return value
+
+
+def job_id(value: object) -> int:
+    """Check a job id: an ``int`` (not ``bool``).
+
+    Raises
+    ------
+    ValidationError
+        Otherwise.
+    """
+    if not _is_int(value):
+        raise ValidationError(f"job id must be an int, not {type(value).__name__}")
+    assert isinstance(value, int)
+    return value
+
+
+def job_ids(values: Iterable[object]) -> list[int]:
+    """Check job ids and drop repeats, keeping first-seen order.
+
+    Raises
+    ------
+    ValidationError
+        If ``values`` is not iterable or holds a non-``int``.
+    """
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise ValidationError("job ids must be an iterable of ints")
+    return list(dict.fromkeys(job_id(v) for v in values))
+
+
+def error_text(value: object, what: str = "error") -> str:
+    """Return error text as stored in ``last_error`` (SPEC §3 "Error text").
+
+    The caller's string is kept verbatim up to 65,536 characters; NUL
+    characters and lone surrogates (which no engine can store as UTF-8)
+    become U+FFFD.
+
+    Raises
+    ------
+    ValidationError
+        If ``value`` is not a ``str``.
+    """
+    if not isinstance(value, str):
+        raise ValidationError(f"{what} must be a str, not {type(value).__name__}")
+    return _UNSTORABLE.sub("\ufffd", value[:MAX_ERROR_CHARS])

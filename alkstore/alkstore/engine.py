@@ -1,0 +1,80 @@
+"""What an engine author builds on: the primitives' argument types and the
+helpers every engine shares. Application code does not need this module.
+
+See ``docs/engine-authors.md`` for the walk-through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from alkstore._codec import EncodedPayload, decode_payload
+from alkstore._handle import FAILED, MAX_ATTEMPTS_EXCEEDED
+from alkstore._latch import WakeLatch
+from alkstore._resolution import Resolved
+from alkstore.errors import SchemaVersionError, ValidationError
+
+__all__ = [
+    "COMMON_OPTIONS",
+    "EXPIRED",
+    "FAILED",
+    "MAX_ATTEMPTS_EXCEEDED",
+    "EncodedPayload",
+    "Resolved",
+    "WakeLatch",
+    "check_engine_options",
+    "check_schema_version",
+    "decode_payload",
+]
+
+#: ``last_error`` of a job that ``sweep_expired`` moved to the dead table.
+EXPIRED = "expired"
+#: Engine options every engine accepts (SPEC §2).
+COMMON_OPTIONS = frozenset({"clock", "rng", "migrate"})
+
+
+def check_engine_options(options: Mapping[str, object], own: Iterable[str] = ()) -> None:
+    """Refuse engine options that neither SPEC §2 nor the engine defines.
+
+    Raises
+    ------
+    ValidationError
+        Naming the unknown options and the accepted ones.
+    """
+    allowed = COMMON_OPTIONS | set(own)
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ValidationError(
+            f"unknown engine option(s) {', '.join(unknown)}; accepted: {', '.join(sorted(allowed))}"
+        )
+    if not isinstance(options.get("migrate", True), bool):
+        raise ValidationError("migrate must be a bool")
+
+
+def check_schema_version(found: int | None, code: int, *, migrating: bool) -> None:
+    """Apply SPEC §3 "Schema" to the version found in the database.
+
+    Parameters
+    ----------
+    found
+        The stored schema version, ``None`` when there is no schema.
+    code
+        The newest version this engine's code knows.
+    migrating
+        Whether the caller is about to migrate (``migrate=True``).
+
+    Raises
+    ------
+    SchemaVersionError
+        If ``found`` is newer than ``code``, or missing while not migrating.
+    """
+    if found is not None and found > code:
+        raise SchemaVersionError(
+            f"the database schema is version {found}, newer than this code's "
+            f"{code}; upgrade alkstore"
+        )
+    if found is None and not migrating:
+        raise SchemaVersionError(
+            "the database has no alkstore schema; open it with migrate=True "
+            "or run `alkstore migrate`"
+        )

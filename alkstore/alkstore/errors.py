@@ -1,0 +1,45 @@
+"""The alkstore error hierarchy (SPEC §2 "Errors").
+
+Every error alkstore raises derives from :class:`AlkstoreError`.  Engines
+wrap driver exceptions in :class:`EngineError` with the driver's exception
+kept as ``__cause__``, so no driver exception crosses the contract (the
+habit of SQLAlchemy's ``DBAPIError`` and procrastinate's
+``ConnectorException``).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AlkstoreError",
+    "EngineError",
+    "SchemaVersionError",
+    "StoreClosedError",
+    "UnknownEngineError",
+    "ValidationError",
+]
+
+
+class AlkstoreError(Exception):
+    """Root of every error alkstore raises."""
+
+
+class ValidationError(AlkstoreError, ValueError):
+    """Bad input, refused before any I/O; nothing was written (SPEC §3
+    "Validation")."""
+
+
+class StoreClosedError(AlkstoreError):
+    """The store (or subscription) was closed (SPEC §3 "Closed store")."""
+
+
+class UnknownEngineError(AlkstoreError):
+    """No installed engine serves the URL's scheme (SPEC §1)."""
+
+
+class SchemaVersionError(AlkstoreError):
+    """The database schema is missing (with ``migrate=False``) or newer than
+    this code understands (SPEC §3 "Schema")."""
+
+
+class EngineError(AlkstoreError):
+    """The database driver failed; the driver's exception is ``__cause__``."""

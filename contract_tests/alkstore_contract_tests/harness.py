@@ -1,0 +1,83 @@
+"""How an engine plugs into the contract suite.
+
+An engine's test module writes::
+
+    class TestMyEngineContract(ContractSuite, MyEngineHarness):
+        pass
+
+where ``MyEngineHarness`` subclasses :class:`EngineHarness` and overrides the
+``alkstore_target`` fixture (fsspec's abstract-tests pattern: the fixture
+raises until overridden).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any, NamedTuple
+
+import pytest
+
+import alkstore
+from alkstore import Store
+
+__all__ = ["EngineHarness", "StoreTarget"]
+
+
+class StoreTarget(NamedTuple):
+    """The address of one fresh, empty database for one test.
+
+    ``url`` and ``options`` are passed to :func:`alkstore.open`; they must be
+    picklable (plain strings and numbers), because the suite opens the same
+    target in child processes too.
+    """
+
+    url: str
+    options: Mapping[str, Any]
+
+
+class EngineHarness:
+    """The engine side of the contract suite.
+
+    Required: the ``alkstore_target`` fixture. Optional: the methods below,
+    each a capability the suite skips (with a reason) when an engine does
+    not provide it.
+    """
+
+    @pytest.fixture
+    def alkstore_target(self) -> Iterator[StoreTarget]:
+        """Yield a :class:`StoreTarget` for a fresh, empty database; clean it
+        up after the yield."""
+        raise NotImplementedError(
+            "override the alkstore_target fixture in your EngineHarness subclass"
+        )
+        yield  # pragma: no cover
+
+    def open_store(self, target: StoreTarget, **options: Any) -> Store:
+        """Open a store on ``target``; ``options`` (``clock=``, ``rng=`` ...)
+        override the target's."""
+        return alkstore.open(target.url, **{**target.options, **options})
+
+    # -- capabilities --------------------------------------------------------
+
+    @contextlib.contextmanager
+    def app_connection(self, target: StoreTarget) -> Iterator[Any]:
+        """Yield the application's own driver connection to the target's
+        database, of the type the engine's ``enqueue_tx`` takes, with no
+        transaction open. The suite drives it with :meth:`begin`,
+        ``conn.execute(sql)``, ``conn.commit()`` and ``conn.rollback()``,
+        using only SQL that SQLite and PostgreSQL share."""
+        pytest.skip("this engine's harness gives no application connection")
+        yield  # pragma: no cover
+
+    def begin(self, conn: Any) -> None:
+        """Open a transaction on an :meth:`app_connection` connection."""
+        conn.execute("BEGIN")
+
+    @contextlib.contextmanager
+    def dead_letter_inserts_fail(self, target: StoreTarget) -> Iterator[None]:
+        """While inside, every insert into the engine's dead-letter table
+        raises in the database (a trigger), to prove the live-to-dead move is
+        atomic (handed case 011)."""
+        pytest.skip("this engine's harness cannot inject dead-letter faults")
+        yield  # pragma: no cover
