@@ -1,0 +1,93 @@
+"""SPEC §1 engine discovery by URL scheme."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+import alkstore
+from alkstore import UnknownEngineError, ValidationError, _registry
+
+
+class Sentinel(Exception):
+    """Raised by the fake factory to prove it was called with the right args."""
+
+
+def recording_factory(url: str, **options: Any) -> alkstore.Store:
+    raise Sentinel(url, options)
+
+
+def test_register_wins_and_receives_url_and_options() -> None:
+    alkstore.register("Fake-A", recording_factory)
+    with pytest.raises(Sentinel) as caught:
+        alkstore.open("fake-a://somewhere/x", migrate=False, answer=42)
+    assert caught.value.args == ("fake-a://somewhere/x", {"migrate": False, "answer": 42})
+
+
+def test_unknown_scheme_names_the_installed_ones() -> None:
+    alkstore.register("fake-b", recording_factory)
+    with pytest.raises(UnknownEngineError, match="'nosuch'") as caught:
+        alkstore.open("nosuch://x")
+    assert "fake-b" in str(caught.value)
+    assert "pip install" not in str(caught.value)
+
+
+def test_missing_first_party_engine_gives_the_install_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_registry, "_entry_point_schemes", dict)
+    with pytest.raises(UnknownEngineError, match="pip install alkstore-postgres"):
+        alkstore.open("postgres://h/db")
+    with pytest.raises(UnknownEngineError, match="pip install alkstore-sqlite"):
+        alkstore.open("sqlite:///x.db")
+
+
+def test_two_distributions_claiming_one_scheme_is_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Point:
+        def __init__(self, value: str) -> None:
+            self.name, self.value = "dup", value
+
+    monkeypatch.setattr(
+        _registry, "_entry_point_schemes", lambda: {"dup": [Point("a:f"), Point("b:f")]}
+    )
+    with pytest.raises(UnknownEngineError, match="several installed engines"):
+        alkstore.open("dup://x")
+
+
+def test_url_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    alkstore.register("sqlite", recording_factory)
+    try:
+        monkeypatch.delenv("ALKSTORE_URL", raising=False)
+        with pytest.raises(Sentinel) as caught:
+            alkstore.open()
+        assert caught.value.args[0] == "sqlite:///alkstore.db"
+        monkeypatch.setenv("ALKSTORE_URL", "sqlite:////tmp/from-env.db")
+        with pytest.raises(Sentinel) as caught:
+            alkstore.open()
+        assert caught.value.args[0] == "sqlite:////tmp/from-env.db"
+    finally:
+        del _registry._registered["sqlite"]
+
+
+@pytest.mark.parametrize("url", ["no-scheme", "://x", 5])
+def test_malformed_urls(url: Any) -> None:
+    with pytest.raises(ValidationError, match="url"):
+        alkstore.open(url)
+
+
+def test_importing_alkstore_imports_no_database_driver() -> None:
+    code = (
+        "import sys, alkstore, alkstore.engine, alkstore.errors; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('sqlite3', '_sqlite3', 'psycopg', 'psycopg_pool', 'alkstore_sqlite', "
+        "'alkstore_postgres')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"

@@ -1,0 +1,98 @@
+"""SPEC §3 "Option resolution", as one pure function."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from alkstore import QueueOpts, ValidationError, enqueue_options, resolve
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+seconds = st.floats(min_value=0, max_value=10**7, allow_nan=False)
+instants = st.datetimes(
+    min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)
+)
+
+
+def test_no_options_means_now_and_the_queue_stamps() -> None:
+    opts = QueueOpts(
+        visibility_timeout_s=12,
+        max_attempts=3,
+        priority=4,
+        backoff_base_s=2,
+        backoff_cap_s=60,
+        expires_s=100,
+    )
+    r = resolve(T0, opts, enqueue_options())
+    assert r.enqueued_at == T0
+    assert r.run_at == T0
+    assert r.expires_at == T0 + timedelta(seconds=100)
+    assert (r.priority, r.max_attempts) == (4, 3)
+    assert (r.visibility_timeout_s, r.backoff_base_s, r.backoff_cap_s) == (12, 2, 60)
+
+
+@given(delay=seconds, run_at=instants, now=instants)
+def test_delay_wins_over_run_at(delay: float, run_at: datetime, now: datetime) -> None:
+    r = resolve(now, QueueOpts(), enqueue_options(delay=delay, run_at=run_at))
+    assert r.run_at == now + timedelta(seconds=delay)
+
+
+@given(run_at=instants, offset_h=st.integers(-12, 14))
+def test_run_at_in_any_zone_is_normalised_to_utc(run_at: datetime, offset_h: int) -> None:
+    zoned = run_at.astimezone(timezone(timedelta(hours=offset_h)))
+    r = resolve(T0, QueueOpts(), enqueue_options(run_at=zoned))
+    assert r.run_at == run_at
+    assert r.run_at.utcoffset() == timedelta(0)
+
+
+@given(expires=st.floats(min_value=0.001, max_value=10**7), queue_expires=seconds)
+def test_expiry_is_relative_to_the_enqueue_instant(expires: float, queue_expires: float) -> None:
+    opts = QueueOpts(expires_s=queue_expires or None)
+    r = resolve(T0, opts, enqueue_options(expires=expires))
+    assert r.expires_at == T0 + timedelta(seconds=expires)
+
+
+def test_per_job_overrides() -> None:
+    r = resolve(
+        T0, QueueOpts(priority=1, max_attempts=2), enqueue_options(priority=-7, max_attempts=9)
+    )
+    assert (r.priority, r.max_attempts) == (-7, 9)
+
+
+@given(delay=seconds, expires=st.floats(min_value=0.001, max_value=10**7))
+def test_expiry_at_or_before_run_at_is_refused(delay: float, expires: float) -> None:
+    options = enqueue_options(delay=delay, expires=expires)
+    if T0 + timedelta(seconds=expires) <= T0 + timedelta(seconds=delay):
+        with pytest.raises(ValidationError, match="expire"):
+            resolve(T0, QueueOpts(), options)
+    else:
+        assert resolve(T0, QueueOpts(), options).expires_at == T0 + timedelta(seconds=expires)
+
+
+def test_queue_expiry_before_an_explicit_run_at_is_refused_too() -> None:
+    with pytest.raises(ValidationError, match="expire"):
+        resolve(T0, QueueOpts(expires_s=10), enqueue_options(run_at=T0 + timedelta(seconds=10)))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"delay": -1},
+        {"delay": float("nan")},
+        {"delay": True},
+        {"run_at": datetime(2030, 1, 1)},
+        {"run_at": "2030-01-01T00:00:00Z"},
+        {"priority": 2**31},
+        {"priority": True},
+        {"max_attempts": 0},
+        {"max_attempts": 2**31},
+        {"expires": 0},
+        {"expires": -1},
+    ],
+)
+def test_bad_enqueue_options(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValidationError, match=next(iter(kwargs))):
+        enqueue_options(**kwargs)
