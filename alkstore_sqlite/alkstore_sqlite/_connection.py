@@ -1,0 +1,237 @@
+"""Connection handling: a small pool, busy handling and error wrapping.
+
+A ``sqlite3.Connection`` must not be used by two threads at once, so each
+operation borrows one from a :class:`ConnectionPool` and gives it back; the
+pool grows to the number of threads that run operations at the same time.
+Connections run in autocommit mode (``isolation_level=None``): a single
+statement is its own transaction, and multi-statement writes say
+``BEGIN IMMEDIATE`` themselves, taking the write lock up front so that a
+read snapshot is never upgraded to a write (the upgrade fails with
+``SQLITE_BUSY_SNAPSHOT`` at once instead of waiting).
+
+SQLite waits for locks itself up to the busy timeout; a few busy results do
+not wait (WAL recovery, changing the journal mode), so :meth:`run` and
+:meth:`transaction` retry the whole operation on ``SQLITE_BUSY`` and
+``SQLITE_LOCKED`` until the busy timeout has passed. Every other
+``sqlite3`` error becomes an :class:`~alkstore.errors.EngineError` with the
+driver's error as ``__cause__`` (SPEC §2 "Errors").
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Concatenate, ParamSpec, TypeVar
+
+from alkstore.errors import EngineError, StoreClosedError
+
+__all__ = ["ConnectionPool", "connect", "engine_error", "is_busy", "run_in_transaction"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_SQLITE_BUSY = 5
+_SQLITE_LOCKED = 6
+# Pauses between retries of an operation that came back busy without
+# SQLite's own busy handler having waited (seconds).
+_RETRY_FIRST_S = 0.001
+_RETRY_MAX_S = 0.05
+# Enough for the statements of every queue operation, which are reused
+# through sqlite3's per-connection statement cache.
+_CACHED_STATEMENTS = 64
+
+
+def is_busy(error: sqlite3.Error) -> bool:
+    """Whether ``error`` is ``SQLITE_BUSY``/``SQLITE_LOCKED`` (any extended code)."""
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
+    return isinstance(error, sqlite3.OperationalError) and "locked" in str(error)
+
+
+def engine_error(error: sqlite3.Error) -> EngineError:
+    """Wrap a driver error; raise the result ``from error``."""
+    return EngineError(f"SQLite error: {error}")
+
+
+def connect(path: str, busy_timeout_s: float) -> sqlite3.Connection:
+    """Open one connection to ``path`` with alkstore's settings.
+
+    ``synchronous=NORMAL`` in WAL mode: a commit is atomic and consistent
+    across crashes of the process, and durable once the WAL is checkpointed
+    or synced; a power loss may drop the last commits (documented in the
+    package README).
+    """
+    conn = sqlite3.connect(
+        path,
+        timeout=busy_timeout_s,
+        isolation_level=None,
+        check_same_thread=False,
+        cached_statements=_CACHED_STATEMENTS,
+    )
+    try:
+        conn.execute("PRAGMA synchronous = NORMAL")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+class ConnectionPool:
+    """Connections to one database file, lent to one thread at a time.
+
+    Parameters
+    ----------
+    path
+        The database file.
+    busy_timeout_s
+        Seconds an operation waits for a lock before it fails with
+        :class:`~alkstore.errors.EngineError`.
+    """
+
+    def __init__(self, path: str, busy_timeout_s: float) -> None:
+        self.path = path
+        self.busy_timeout_s = busy_timeout_s
+        self._lock = threading.Lock()
+        self._idle: list[sqlite3.Connection] = []
+        self._closed = False
+        _pools.add(self)
+
+    # -- lending -------------------------------------------------------------
+
+    def _acquire(self) -> sqlite3.Connection:
+        with self._lock:
+            if self._closed:
+                raise StoreClosedError("the store is closed")
+            if self._idle:
+                return self._idle.pop()
+        return connect(self.path, self.busy_timeout_s)
+
+    def _release(self, conn: sqlite3.Connection) -> None:
+        if conn.in_transaction:
+            # Only after a failure inside ROLLBACK itself; never lend out a
+            # connection with a transaction open.
+            conn.close()
+            return
+        with self._lock:
+            if not self._closed:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        """Close the idle connections; lent ones close when given back."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    def _after_fork_in_child(self) -> None:
+        # A connection inherited across fork() must not be used, nor closed
+        # (closing runs SQLite's unlock and checkpoint logic against files
+        # the parent still uses): forget it and open fresh ones.
+        self._lock = threading.Lock()
+        _inherited.extend(self._idle)
+        self._idle = []
+
+    # -- running operations --------------------------------------------------
+
+    def run(
+        self,
+        op: Callable[Concatenate[sqlite3.Connection, P], T],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """Run ``op(conn, ...)`` on a borrowed autocommit connection.
+
+        For reads and single-statement writes (a statement is atomic on its
+        own). Busy results are retried as a whole.
+
+        Raises
+        ------
+        EngineError
+            For any ``sqlite3`` error, the driver's error as ``__cause__``.
+        StoreClosedError
+            If the pool was closed.
+        """
+        # SQLite's own busy handler counts against the same budget.
+        deadline = time.monotonic() + self.busy_timeout_s
+        pause = _RETRY_FIRST_S
+        while True:
+            try:
+                conn = self._acquire()
+            except sqlite3.Error as error:
+                raise engine_error(error) from error
+            try:
+                return op(conn, *args, **kwargs)
+            except sqlite3.Error as error:
+                if not is_busy(error) or time.monotonic() >= deadline:
+                    raise engine_error(error) from error
+            finally:
+                self._release(conn)
+            time.sleep(pause)
+            pause = min(pause * 2, _RETRY_MAX_S)
+
+    def transaction(
+        self,
+        op: Callable[Concatenate[sqlite3.Connection, P], T],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """Run ``op(conn, ...)`` inside ``BEGIN IMMEDIATE`` ... ``COMMIT``.
+
+        Any exception rolls the transaction back and propagates (a
+        ``sqlite3`` error as :class:`~alkstore.errors.EngineError`); busy
+        results retry the whole transaction.
+
+        Raises
+        ------
+        EngineError
+            For any ``sqlite3`` error, the driver's error as ``__cause__``.
+        StoreClosedError
+            If the pool was closed.
+        """
+        return self.run(run_in_transaction, op, *args, **kwargs)
+
+
+def run_in_transaction(
+    conn: sqlite3.Connection,
+    op: Callable[Concatenate[sqlite3.Connection, P], T],
+    /,
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> T:
+    """Run ``op(conn, ...)`` between ``BEGIN IMMEDIATE`` and ``COMMIT`` on an
+    autocommit connection; any exception rolls back and propagates."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = op(conn, *args, **kwargs)
+        conn.execute("COMMIT")
+    except BaseException:
+        # Some errors (SQLITE_FULL, SQLITE_IOERR ...) roll back by themselves.
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return result
+
+
+# Every pool of this process, to forget inherited connections after fork().
+_pools: weakref.WeakSet[ConnectionPool] = weakref.WeakSet()
+# Inherited connections stay referenced so that garbage collection does not
+# close them in the child.
+_inherited: list[sqlite3.Connection] = []
+
+
+def _after_fork_in_child() -> None:
+    for pool in list(_pools):
+        pool._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,80 @@
+"""The SQLite :class:`~alkstore.JobHandle`: one claim of one job (SPEC §3
+"Claim identity and handle validity")."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import TYPE_CHECKING, Any
+
+from alkstore import Job, JobHandle
+from alkstore_sqlite._rows import bury_sql, seconds_to_us, to_us
+
+if TYPE_CHECKING:
+    from alkstore_sqlite._queue import SqliteQueue
+
+__all__ = ["SqliteJobHandle"]
+
+# The claim is this handle's while the row is processing, has the attempt
+# count this claim gave it, and has not lapsed; every operation tests it in
+# the same statement that acts, so no other claim can slip in between.
+_VALID = "id = :id AND state = 'processing' AND attempts = :attempts AND claim_deadline > :now"
+
+_ACK = f"DELETE FROM _alkstore_jobs WHERE {_VALID}"
+_RETRY = f"""
+    UPDATE _alkstore_jobs
+    SET state = 'pending', run_at = :run_at, last_error = :error,
+        worker_id = NULL, claim_deadline = NULL
+    WHERE {_VALID}
+"""
+_HEARTBEAT = f"UPDATE _alkstore_jobs SET claim_deadline = :deadline WHERE {_VALID}"
+_BURY = bury_sql(_VALID)
+_DELETE_BURIED = "DELETE FROM _alkstore_jobs WHERE id = :id"
+
+
+class SqliteJobHandle(JobHandle):
+    """A claim of a job in a :class:`~alkstore_sqlite.SqliteStore`; usable
+    from any thread (SPEC §2)."""
+
+    _queue: SqliteQueue
+
+    def __init__(self, queue: SqliteQueue, job: Job) -> None:
+        super().__init__(queue, job)
+
+    def _params(self, **extra: Any) -> dict[str, Any]:
+        # One clock read per operation (SPEC §3 "Time").
+        return {
+            "id": self._job.id,
+            "attempts": self._job.attempts,
+            "now": to_us(self._queue._store._now()),
+            **extra,
+        }
+
+    def _write(self, sql: str, params: dict[str, Any]) -> bool:
+        return self._queue._store._pool.run(_rowcount, sql, params) == 1
+
+    def _ack(self) -> bool:
+        return self._write(_ACK, self._params())
+
+    def _retry(self, error: str, delay_s: float) -> bool:
+        params = self._params(error=error)
+        params["run_at"] = params["now"] + seconds_to_us(delay_s)
+        return self._write(_RETRY, params)
+
+    def _dead_letter(self, error: str) -> bool:
+        return self._queue._store._pool.transaction(_bury, self._params(error=error))
+
+    def _heartbeat(self, extend_s: float) -> bool:
+        params = self._params()
+        params["deadline"] = params["now"] + max(1, seconds_to_us(extend_s))
+        return self._write(_HEARTBEAT, params)
+
+
+def _rowcount(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> int:
+    return conn.execute(sql, params).rowcount
+
+
+def _bury(conn: sqlite3.Connection, params: dict[str, Any]) -> bool:
+    if conn.execute(_BURY, params).rowcount != 1:
+        return False
+    conn.execute(_DELETE_BURIED, params)
+    return True

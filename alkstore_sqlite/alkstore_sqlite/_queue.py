@@ -1,0 +1,361 @@
+"""The SQLite :class:`~alkstore.Queue`: enqueue, claim and the queue-wide
+operations (SPEC §3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from alkstore import Job, JobHandle, Queue, QueueOpts, QueueStats, SweepResult
+from alkstore.engine import EXPIRED, MAX_ATTEMPTS_EXCEEDED, EncodedPayload, Resolved
+from alkstore.errors import ValidationError
+from alkstore_sqlite._connection import engine_error, run_in_transaction
+from alkstore_sqlite._handle import SqliteJobHandle
+from alkstore_sqlite._rows import (
+    DEAD_COLUMNS,
+    LIVE_COLUMNS,
+    bury_sql,
+    job_from_row,
+    jobs_from_rows,
+    seconds_to_us,
+    to_us,
+)
+from alkstore_sqlite._wake import notify
+
+if TYPE_CHECKING:
+    from alkstore_sqlite._store import SqliteStore
+
+__all__ = ["SqliteQueue"]
+
+# SQLite integers are signed 64-bit; a larger id cannot exist and would not
+# even bind as a parameter.
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+
+_INSERT = """
+    INSERT INTO _alkstore_jobs (
+        queue, state, payload, content_type, priority, run_at, expires_at,
+        enqueued_at, attempts, max_attempts, visibility_timeout_s,
+        backoff_base_s, backoff_cap_s)
+    VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?)
+"""
+
+# The claim's dead-letter step; the predicate matches the
+# _alkstore_jobs_exhausted index, so it costs an index probe when nothing is
+# due to die.
+_EXHAUSTED = (
+    "queue = :queue AND state = 'processing' AND attempts >= max_attempts "
+    "AND claim_deadline <= :now"
+)
+_BURY_EXHAUSTED = bury_sql(_EXHAUSTED)
+_DELETE_EXHAUSTED = f"DELETE FROM _alkstore_jobs WHERE {_EXHAUSTED}"
+
+_DUE = (
+    "queue = :queue AND state = 'pending' AND run_at <= :now "
+    "AND (expires_at IS NULL OR expires_at > :now)"
+)
+_RECLAIMABLE = (
+    "queue = :queue AND state = 'processing' AND claim_deadline <= :now "
+    "AND attempts < max_attempts AND (expires_at IS NULL OR expires_at > :now)"
+)
+# A claim first looks in a read snapshot, which takes no lock: an empty poll
+# never queues for the write lock, and a claim never waits behind another
+# connection's open write transaction only to find nothing. The answer also
+# picks the cheapest statement that can do the claim.
+LOOK = f"""
+    SELECT EXISTS (SELECT 1 FROM _alkstore_jobs WHERE {_DUE}),
+           EXISTS (SELECT 1 FROM _alkstore_jobs WHERE {_RECLAIMABLE}),
+           EXISTS (SELECT 1 FROM _alkstore_jobs WHERE {_EXHAUSTED})
+"""
+
+_CLAIM_SET = """
+    UPDATE _alkstore_jobs
+    SET state = 'processing',
+        attempts = attempts + 1,
+        worker_id = :worker,
+        claim_deadline = :now + max(1, CAST(round(visibility_timeout_s * 1e6) AS INTEGER))
+"""
+# The deadline uses the row's own visibility timeout, at least one
+# microsecond so that a claim never starts out lapsed. Each statement
+# re-selects under the write lock, so rows that others took since the look
+# are skipped: a single statement is atomic, and no row is handed out twice.
+
+#: The common claim: only pending rows are eligible. The walk of the pending
+#: index in claim order stops after n rows; no sort, no temporary table
+#: beyond the n ids.
+CLAIM_DUE = f"""
+    {_CLAIM_SET}
+    WHERE id IN (
+        SELECT id FROM _alkstore_jobs WHERE {_DUE}
+        ORDER BY priority DESC, run_at, id
+        LIMIT :n)
+    RETURNING {LIVE_COLUMNS}
+"""
+#: ``CLAIM_DUE`` for one row: a scalar subquery needs no temporary table.
+CLAIM_DUE_ONE = f"""
+    {_CLAIM_SET}
+    WHERE id = (
+        SELECT id FROM _alkstore_jobs WHERE {_DUE}
+        ORDER BY priority DESC, run_at, id
+        LIMIT 1)
+    RETURNING {LIVE_COLUMNS}
+"""
+#: When lapsed claims are eligible too: each branch stops after n rows (the
+#: pending one in index order, the reclaim one sorting only lapsed claims)
+#: and the outer sort merges at most 2n rows. Its temporary sorters cost
+#: more than the plain walk, so it runs only when a reclaim is possible.
+CLAIM_ANY = f"""
+    {_CLAIM_SET}
+    WHERE id IN (
+        SELECT id FROM (
+            SELECT id, priority, run_at FROM (
+                SELECT id, priority, run_at FROM _alkstore_jobs WHERE {_DUE}
+                ORDER BY priority DESC, run_at, id
+                LIMIT :n)
+            UNION ALL
+            SELECT id, priority, run_at FROM (
+                SELECT id, priority, run_at FROM _alkstore_jobs WHERE {_RECLAIMABLE}
+                ORDER BY priority DESC, run_at, id
+                LIMIT :n)
+            ORDER BY priority DESC, run_at, id
+            LIMIT :n))
+    RETURNING {LIVE_COLUMNS}
+"""
+
+# NOT INDEXED keeps the planner on rowid lookups for the listed ids instead
+# of walking the processing index.
+_ACK_BATCH = """
+    DELETE FROM _alkstore_jobs NOT INDEXED
+    WHERE id IN (SELECT value FROM json_each(?))
+      AND queue = ? AND state = 'processing' AND claim_deadline > ?
+"""
+_CANCEL = "DELETE FROM _alkstore_jobs WHERE id = ? AND queue = ?"
+_GET_JOB = f"""
+    SELECT {LIVE_COLUMNS} FROM _alkstore_jobs WHERE id = :id AND queue = :queue
+    UNION ALL
+    SELECT {DEAD_COLUMNS} FROM _alkstore_dead WHERE id = :id AND queue = :queue
+"""
+_EXPIRED = "queue = :queue AND expires_at <= :now"
+_BURY_EXPIRED = bury_sql(_EXPIRED)
+_DELETE_EXPIRED = f"DELETE FROM _alkstore_jobs WHERE {_EXPIRED}"
+_PURGE = "DELETE FROM _alkstore_dead WHERE queue = ? AND died_at <= ?"
+# One statement reads one snapshot, so the four counts agree.
+_STATS = """
+    SELECT
+        (SELECT count(*) FROM _alkstore_jobs
+         WHERE queue = :queue AND state = 'pending' AND run_at <= :now),
+        (SELECT count(*) FROM _alkstore_jobs
+         WHERE queue = :queue AND state = 'pending' AND run_at > :now),
+        (SELECT count(*) FROM _alkstore_jobs
+         WHERE queue = :queue AND state = 'processing'),
+        (SELECT count(*) FROM _alkstore_dead WHERE queue = :queue)
+"""
+
+
+def _claim_order(row: Sequence[Any]) -> tuple[int, int, int]:
+    # priority DESC, run_at ASC, id ASC over LIVE_COLUMNS positions.
+    return (-row[5], row[6], row[0])
+
+
+class SqliteQueue(Queue):
+    """A queue of a :class:`~alkstore_sqlite.SqliteStore` (SPEC §2, §3).
+
+    ``enqueue_tx`` takes a ``sqlite3.Connection`` to the store's database
+    file, inside an open transaction.
+    """
+
+    _store: SqliteStore
+
+    def __init__(self, store: SqliteStore, name: str, opts: QueueOpts) -> None:
+        super().__init__(store, name, opts)
+
+    # -- enqueue -------------------------------------------------------------
+
+    def _row(self, resolved: Resolved, payload: EncodedPayload) -> tuple[Any, ...]:
+        expires_at = resolved.expires_at
+        return (
+            self._name,
+            payload.data,
+            payload.content_type,
+            resolved.priority,
+            to_us(resolved.run_at),
+            None if expires_at is None else to_us(expires_at),
+            to_us(resolved.enqueued_at),
+            resolved.max_attempts,
+            resolved.visibility_timeout_s,
+            resolved.backoff_base_s,
+            resolved.backoff_cap_s,
+        )
+
+    def _insert(self, resolved: Resolved, payloads: Sequence[EncodedPayload]) -> list[int]:
+        pool = self._store._pool
+        if len(payloads) == 1:
+            ids = [pool.run(_insert_one, self._row(resolved, payloads[0]))]
+        else:
+            first = self._row(resolved, payloads[0])
+            rows = [(first[0], p.data, p.content_type, *first[3:]) for p in payloads]
+            ids = pool.transaction(_insert_many, rows)
+        # With the last id, so the file watcher recognises the commit as
+        # delivered when it sees the same rows.
+        notify(self._store._file_key, self._name, ids[-1])
+        return ids
+
+    def _insert_tx(self, conn: Any, resolved: Resolved, payload: EncodedPayload) -> int:
+        cursor = self._tx_cursor(conn)
+        # One statement is atomic: if it fails, the caller's transaction is
+        # left as it was.
+        try:
+            job_id = cursor.execute(_INSERT, self._row(resolved, payload)).lastrowid
+        except sqlite3.Error as error:
+            raise engine_error(error) from error
+        assert job_id is not None
+        return job_id
+
+    def _tx_cursor(self, conn: object) -> sqlite3.Cursor:
+        """Check ``enqueue_tx``'s connection with reads only; return a cursor
+        on it that yields plain tuples."""
+        if not isinstance(conn, sqlite3.Connection):
+            raise ValidationError(
+                "enqueue_tx needs a sqlite3.Connection to the store's database "
+                f"{self._store.path!r}, not {type(conn).__name__}"
+            )
+        try:
+            in_transaction = conn.in_transaction
+            cursor = conn.cursor()
+            # The caller's row_factory must not change how we read rows.
+            cursor.row_factory = None
+            databases = cursor.execute("PRAGMA database_list").fetchall()
+        except sqlite3.ProgrammingError as error:
+            # Closed, or created in another thread with check_same_thread.
+            raise ValidationError(f"enqueue_tx cannot use this connection: {error}") from error
+        except sqlite3.Error as error:
+            raise engine_error(error) from error
+        main = next((os.fsdecode(row[2]) for row in databases if row[1] == "main"), "")
+        if not main or not _same_file(main, self._store.path):
+            raise ValidationError(
+                f"enqueue_tx needs a connection to the store's database "
+                f"{self._store.path!r}; this one is on {main or 'a temporary database'!r}"
+            )
+        if not in_transaction:
+            raise ValidationError(
+                "enqueue_tx needs the connection inside an open transaction "
+                "(execute BEGIN first); alkstore never commits it"
+            )
+        return cursor
+
+    # -- claim ---------------------------------------------------------------
+
+    def _claim(self, worker_id: str, n: int) -> list[JobHandle]:
+        params = {
+            "queue": self._name,
+            "worker": worker_id,
+            "now": to_us(self._store._now()),
+            # No table holds more rows than SQLite's largest integer, which
+            # is also the largest LIMIT it binds.
+            "n": min(n, _INT64_MAX),
+            "error": MAX_ATTEMPTS_EXCEEDED,
+        }
+        rows = self._store._pool.run(_claim_rows, params)
+        if len(rows) > 1:
+            rows.sort(key=_claim_order)
+        return [SqliteJobHandle(self, job) for job in jobs_from_rows(rows)]
+
+    # -- other operations ----------------------------------------------------
+
+    def _ack_batch(self, job_ids: list[int]) -> int:
+        ids = [i for i in job_ids if _INT64_MIN <= i <= _INT64_MAX]
+        if not ids:
+            return 0
+        now = to_us(self._store._now())
+        return self._store._pool.run(_rowcount, _ACK_BATCH, (json.dumps(ids), self._name, now))
+
+    def _cancel(self, job_id: int) -> bool:
+        if not _INT64_MIN <= job_id <= _INT64_MAX:
+            return False
+        return self._store._pool.run(_rowcount, _CANCEL, (job_id, self._name)) == 1
+
+    def _get_job(self, job_id: int) -> Job | None:
+        if not _INT64_MIN <= job_id <= _INT64_MAX:
+            return None
+        row = self._store._pool.run(_fetchone, _GET_JOB, {"id": job_id, "queue": self._name})
+        return None if row is None else job_from_row(row)
+
+    def _sweep_expired(self, retention_s: float | None) -> SweepResult:
+        now = to_us(self._store._now())
+        purge_before = None if retention_s is None else now - seconds_to_us(retention_s)
+        return self._store._pool.transaction(_sweep, self._name, now, purge_before)
+
+    def _stats(self) -> QueueStats:
+        now = to_us(self._store._now())
+        row = self._store._pool.run(_fetchone, _STATS, {"queue": self._name, "now": now})
+        assert row is not None
+        return QueueStats(*row)
+
+
+# -- operations run on a borrowed connection ---------------------------------
+
+
+def _insert_one(conn: sqlite3.Connection, row: tuple[Any, ...]) -> int:
+    # A single INSERT is its own transaction.
+    job_id = conn.execute(_INSERT, row).lastrowid
+    assert job_id is not None
+    return job_id
+
+
+def _insert_many(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> list[int]:
+    conn.executemany(_INSERT, rows)
+    # AUTOINCREMENT under the write lock hands out consecutive ids.
+    last: int = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
+    return list(range(last - len(rows) + 1, last + 1))
+
+
+def _claim_rows(conn: sqlite3.Connection, params: dict[str, Any]) -> list[Any]:
+    due, reclaimable, exhausted = conn.execute(LOOK, params).fetchone()
+    rows: list[Any]
+    if exhausted:
+        # The dead-letter move and the claim share one write transaction.
+        rows = run_in_transaction(conn, _bury_and_claim, params)
+    elif reclaimable:
+        rows = conn.execute(CLAIM_ANY, params).fetchall()
+    elif due:
+        sql = CLAIM_DUE_ONE if params["n"] == 1 else CLAIM_DUE
+        rows = conn.execute(sql, params).fetchall()
+    else:
+        rows = []
+    return rows
+
+
+def _bury_and_claim(conn: sqlite3.Connection, params: dict[str, Any]) -> list[Any]:
+    if conn.execute(_BURY_EXHAUSTED, params).rowcount:
+        conn.execute(_DELETE_EXHAUSTED, params)
+    rows: list[Any] = conn.execute(CLAIM_ANY, params).fetchall()
+    return rows
+
+
+def _sweep(conn: sqlite3.Connection, queue: str, now: int, purge_before: int | None) -> SweepResult:
+    params = {"queue": queue, "now": now, "error": EXPIRED}
+    expired = conn.execute(_BURY_EXPIRED, params).rowcount
+    if expired:
+        conn.execute(_DELETE_EXPIRED, params)
+    purged = 0
+    if purge_before is not None:
+        purged = conn.execute(_PURGE, (queue, purge_before)).rowcount
+    return SweepResult(expired, purged)
+
+
+def _rowcount(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> int:
+    return conn.execute(sql, params).rowcount
+
+
+def _fetchone(conn: sqlite3.Connection, sql: str, params: Any) -> Any:
+    return conn.execute(sql, params).fetchone()
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)

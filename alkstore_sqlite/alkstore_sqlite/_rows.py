@@ -1,0 +1,175 @@
+"""Rows to :class:`~alkstore.Job` snapshots, and the time encoding.
+
+Instants are stored as INTEGER microseconds since the Unix epoch, UTC: exact
+for every ``datetime`` (which has microsecond precision), ordered as
+integers in the indexes, and compared in SQL without any date functions.
+Durations given in seconds become whole microseconds the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from alkstore import Job
+from alkstore.engine import decode_payload
+
+__all__ = [
+    "DEAD_COLUMNS",
+    "LIVE_COLUMNS",
+    "bury_sql",
+    "from_us",
+    "job_from_row",
+    "jobs_from_rows",
+    "seconds_to_us",
+    "to_us",
+]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = 1_000_000
+
+#: The columns :func:`job_from_row` reads, from the live table.
+LIVE_COLUMNS = (
+    "id, queue, state, payload, content_type, priority, run_at, expires_at, "
+    "enqueued_at, attempts, max_attempts, visibility_timeout_s, backoff_base_s, "
+    "backoff_cap_s, worker_id, claim_deadline, last_error, NULL"
+)
+#: The same columns from the dead table, where the state is implied.
+DEAD_COLUMNS = (
+    "id, queue, 'dead', payload, content_type, priority, run_at, expires_at, "
+    "enqueued_at, attempts, max_attempts, visibility_timeout_s, backoff_base_s, "
+    "backoff_cap_s, worker_id, claim_deadline, last_error, died_at"
+)
+
+_MOVED_COLUMNS = (
+    "id, queue, payload, content_type, priority, run_at, expires_at, "
+    "enqueued_at, attempts, max_attempts, visibility_timeout_s, backoff_base_s, "
+    "backoff_cap_s, worker_id, claim_deadline"
+)
+
+
+def bury_sql(where: str) -> str:
+    """The ``INSERT`` that copies the live rows matching ``where`` into the
+    dead table, with ``last_error = :error`` and ``died_at = :now``.
+
+    Every live-to-dead move runs it and then deletes the same rows in the
+    same transaction, so a job is always in exactly one table (SPEC §3
+    "Dead letters").
+    """
+    return (
+        f"INSERT INTO _alkstore_dead ({_MOVED_COLUMNS}, last_error, died_at) "
+        f"SELECT {_MOVED_COLUMNS}, :error, :now FROM _alkstore_jobs WHERE {where}"
+    )
+
+
+def to_us(instant: datetime) -> int:
+    """Microseconds since the Unix epoch of an aware ``datetime``."""
+    # Integer arithmetic on the timedelta: float timestamps lose microseconds
+    # for instants far from 1970.
+    delta = instant - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * _US + delta.microseconds
+
+
+def from_us(us: int) -> datetime:
+    """The aware UTC ``datetime`` of microseconds since the Unix epoch."""
+    return _EPOCH + timedelta(microseconds=us)
+
+
+def seconds_to_us(seconds: float) -> int:
+    """A duration in seconds as whole microseconds (rounded)."""
+    return round(seconds * _US)
+
+
+# Job is a frozen dataclass, whose __init__ sets each of its 19 fields through
+# object.__setattr__; filling the instance dict directly builds the same
+# object in about a third of the time, which is most of a claim's Python
+# cost per row. Only while Job keeps a plain __dict__ and no __post_init__;
+# otherwise the ordinary constructor is used.
+_JOB_FIELDS = tuple(field.name for field in dataclasses.fields(Job))
+_FAST_JOBS = "__slots__" not in Job.__dict__ and not hasattr(Job, "__post_init__")
+_new = object.__new__
+
+
+def _make_job(values: tuple[Any, ...]) -> Job:
+    if _FAST_JOBS:
+        job: Job = _new(Job)
+        job.__dict__.update(zip(_JOB_FIELDS, values, strict=True))
+        return job
+    return Job(*values)
+
+
+def jobs_from_rows(rows: Sequence[Sequence[Any]]) -> list[Job]:
+    """Build a :class:`~alkstore.Job` from each row of :data:`LIVE_COLUMNS` or
+    :data:`DEAD_COLUMNS`.
+
+    Rows of one batch share their instants (one claim deadline, often one
+    enqueue time), so each distinct instant becomes one ``datetime`` object
+    (immutable, so sharing is safe).
+    """
+    instants: dict[int, datetime] = {}
+
+    def instant(us: int | None) -> datetime | None:
+        if us is None:
+            return None
+        found = instants.get(us)
+        if found is None:
+            found = instants[us] = _EPOCH + timedelta(microseconds=us)
+        return found
+
+    jobs = []
+    for row in rows:
+        (
+            job_id,
+            queue,
+            state,
+            payload,
+            content_type,
+            priority,
+            run_at,
+            expires_at,
+            enqueued_at,
+            attempts,
+            max_attempts,
+            visibility_timeout_s,
+            backoff_base_s,
+            backoff_cap_s,
+            worker_id,
+            claim_deadline,
+            last_error,
+            died_at,
+        ) = row
+        jobs.append(
+            _make_job(
+                (
+                    job_id,
+                    queue,
+                    state,
+                    decode_payload(payload, content_type),
+                    payload,
+                    content_type,
+                    priority,
+                    instant(run_at),
+                    instant(expires_at),
+                    instant(enqueued_at),
+                    attempts,
+                    max_attempts,
+                    # SQLite stores integral REALs as integers; UPDATE ...
+                    # RETURNING can hand them back without the REAL affinity.
+                    float(visibility_timeout_s),
+                    backoff_base_s,
+                    backoff_cap_s,
+                    worker_id,
+                    instant(claim_deadline),
+                    last_error,
+                    instant(died_at),
+                )
+            )
+        )
+    return jobs
+
+
+def job_from_row(row: Sequence[Any]) -> Job:
+    """:func:`jobs_from_rows` for one row."""
+    return jobs_from_rows((row,))[0]

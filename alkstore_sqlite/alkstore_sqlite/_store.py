@@ -1,0 +1,174 @@
+"""The SQLite :class:`~alkstore.Store` and the engine's entry point."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from typing import Any
+
+from alkstore import QueueOpts, Store
+from alkstore import _validation as v
+from alkstore.engine import check_engine_options, check_schema_version
+from alkstore_sqlite import _schema
+from alkstore_sqlite._connection import ConnectionPool
+from alkstore_sqlite._queue import SqliteQueue
+from alkstore_sqlite._subscription import SqliteSubscription
+from alkstore_sqlite._url import parse_url
+
+__all__ = [
+    "DEFAULT_BUSY_TIMEOUT_S",
+    "DEFAULT_POLL_INTERVAL_S",
+    "ENGINE_OPTIONS",
+    "SqliteStore",
+    "open_store",
+]
+
+#: Seconds an operation waits for another connection's write lock.
+DEFAULT_BUSY_TIMEOUT_S = 30.0
+#: Seconds between two polls of the cross-process change detector.
+DEFAULT_POLL_INTERVAL_S = 0.001
+#: The engine options of this engine, besides SPEC §2's common ones.
+ENGINE_OPTIONS = frozenset({"busy_timeout_s", "poll_interval_s"})
+
+
+class SqliteStore(Store):
+    """An alkstore store in one SQLite database file (SPEC §2).
+
+    Open it with ``alkstore.open("sqlite:///path.db")`` (or
+    :func:`open_store`). The file is put in WAL mode; a store lends
+    connections from a small pool to the threads that use it.
+
+    Parameters
+    ----------
+    path
+        The database file; created if missing (unless ``migrate=False``).
+    clock, rng
+        As :class:`~alkstore.Store`; with no clock, instants come from the
+        system clock (SPEC §3 "Time").
+    migrate
+        Create or upgrade the schema now (default); with ``False`` only
+        check its version.
+    busy_timeout_s
+        Seconds an operation waits for another connection's write lock
+        before it fails with :class:`~alkstore.errors.EngineError`
+        (default 30).
+    poll_interval_s
+        Seconds between two polls of the cross-process wake detector
+        (default 0.001).
+
+    Raises
+    ------
+    ValidationError
+        For a bad option.
+    SchemaVersionError
+        If the schema is newer than this code, or missing with
+        ``migrate=False`` (SPEC §3 "Schema").
+    EngineError
+        If the database cannot be opened.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        clock: object = None,
+        rng: object = None,
+        migrate: bool = True,
+        busy_timeout_s: object = DEFAULT_BUSY_TIMEOUT_S,
+        poll_interval_s: object = DEFAULT_POLL_INTERVAL_S,
+    ) -> None:
+        super().__init__(clock=clock, rng=rng)
+        self._busy_timeout_s = v.duration_s(busy_timeout_s, "busy_timeout_s", positive=True)
+        self._poll_interval_s = v.duration_s(poll_interval_s, "poll_interval_s", positive=True)
+        self._path = os.path.abspath(path)
+        if not migrate and not os.path.exists(self._path):
+            # Do not create an empty file only to report that it is empty.
+            check_schema_version(None, _schema.SCHEMA_VERSION, migrating=False)
+        self._pool = ConnectionPool(self._path, self._busy_timeout_s)
+        self._subscriptions: set[SqliteSubscription] = set()
+        self._subscriptions_lock = threading.Lock()
+        try:
+            self._pool.run(_set_wal)
+            # The registry key of the wake detector: one per file, whatever
+            # relative path or symlink named it.
+            self._file_key = os.path.realpath(self._path)
+            if migrate:
+                self._migrate()
+            else:
+                found = self._pool.run(_schema.read_version)
+                check_schema_version(found, _schema.SCHEMA_VERSION, migrating=False)
+        except BaseException:
+            self._closed = True
+            self._pool.close()
+            raise
+
+    def __repr__(self) -> str:
+        return f"<SqliteStore {self._path!r}>"
+
+    @property
+    def path(self) -> str:
+        """The database file's absolute path."""
+        return self._path
+
+    # -- engine primitives ---------------------------------------------------
+
+    def _open_queue(self, name: str, opts: QueueOpts) -> SqliteQueue:
+        return SqliteQueue(self, name, opts)
+
+    def _open_subscription(self, queue_name: str) -> SqliteSubscription:
+        subscription = SqliteSubscription(self, queue_name)
+        with self._subscriptions_lock:
+            self._subscriptions.add(subscription)
+        return subscription
+
+    def _forget_subscription(self, subscription: SqliteSubscription) -> None:
+        with self._subscriptions_lock:
+            self._subscriptions.discard(subscription)
+
+    def _migrate(self) -> None:
+        self._pool.transaction(_schema.migrate)
+
+    def _close(self) -> None:
+        with self._subscriptions_lock:
+            subscriptions = list(self._subscriptions)
+        for subscription in subscriptions:
+            subscription.close()
+        self._pool.close()
+
+
+def _set_wal(conn: sqlite3.Connection) -> None:
+    # WAL lets readers run beside the one writer; the setting is stored in
+    # the file, so this changes nothing after the first open.
+    conn.execute("PRAGMA journal_mode = WAL").fetchone()
+
+
+def open_store(url: str, **engine_options: Any) -> SqliteStore:
+    """Open a SQLite store; the ``alkstore.engines`` entry point ``sqlite``.
+
+    Parameters
+    ----------
+    url
+        ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``
+        (SPEC §2).
+    **engine_options
+        ``clock``, ``rng``, ``migrate`` (SPEC §2), ``busy_timeout_s`` and
+        ``poll_interval_s`` (see :class:`SqliteStore`).
+
+    Returns
+    -------
+    SqliteStore
+        Open, and migrated unless ``migrate=False``.
+
+    Raises
+    ------
+    ValidationError
+        For a malformed URL or an unknown or bad option.
+    SchemaVersionError
+        See :class:`SqliteStore`.
+    EngineError
+        If the database cannot be opened.
+    """
+    check_engine_options(engine_options, ENGINE_OPTIONS)
+    path = parse_url(url)
+    return SqliteStore(path, **engine_options)

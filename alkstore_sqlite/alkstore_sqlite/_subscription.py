@@ -1,0 +1,53 @@
+"""The SQLite :class:`~alkstore.Subscription` (SPEC §3 "Wake")."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import TYPE_CHECKING
+
+from alkstore import Subscription
+from alkstore.engine import WakeLatch
+from alkstore_sqlite import _wake
+
+if TYPE_CHECKING:
+    from alkstore_sqlite._store import SqliteStore
+
+__all__ = ["SqliteSubscription"]
+
+
+class SqliteSubscription(Subscription):
+    """Wakes for one queue of a :class:`~alkstore_sqlite.SqliteStore`.
+
+    Enqueues by this process's stores wake it at once; commits by other
+    processes and ``enqueue_tx`` commits wake it within about one poll
+    interval of the store's file watcher (``poll_interval_s``).
+    """
+
+    _store: SqliteStore
+
+    def __init__(self, store: SqliteStore, queue_name: str) -> None:
+        super().__init__(store, queue_name)
+        self._latch = WakeLatch()
+        # Jobs committed after this read wake the subscription.
+        latest_id = store._pool.run(_read_latest_id)
+        _wake.subscribe(
+            store._file_key,
+            queue_name,
+            self._latch,
+            latest_id,
+            poll_interval_s=store._poll_interval_s,
+            busy_timeout_s=store._busy_timeout_s,
+        )
+
+    def _wait(self, timeout_s: float) -> bool:
+        return self._latch.wait(timeout_s)
+
+    def _close(self) -> None:
+        _wake.unsubscribe(self._store._file_key, self._queue_name, self._latch)
+        self._store._forget_subscription(self)
+        # Release a thread blocked in wait(); its next wait() raises.
+        self._latch.set()
+
+
+def _read_latest_id(conn: sqlite3.Connection) -> int:
+    return int(conn.execute(_wake.LATEST_ID).fetchone()[0])

@@ -1,0 +1,292 @@
+"""The change detector behind subscriptions (SPEC §3 "Wake").
+
+The job rows themselves are the change record: ids come from
+``AUTOINCREMENT`` under SQLite's single write lock, so they grow in commit
+order, and a job that is visible with an id above the last one looked at was
+enqueued by a commit since. A rolled-back enqueue leaves no row and wakes
+nobody. Nothing extra is written per enqueue. Two paths deliver the wake:
+
+* in-process: after the store's own enqueue commits it calls :func:`notify`
+  with the new job id, which wakes the subscriptions of this process at once;
+* cross-process (and ``enqueue_tx``, whose commit alkstore does not see): one
+  watcher thread per database file per process, shared by every
+  subscription on that file, reads ``PRAGMA data_version`` on a dedicated
+  connection (it changes whenever another connection commits) and, when it
+  moved, groups the jobs above its last id by queue. It reads when the
+  ``-wal`` file is written (Linux inotify, :mod:`alkstore_sqlite._inotify`)
+  and then every ``poll_interval_s`` for a short while, because the write
+  event comes a moment before the commit becomes visible; with no writes it
+  sleeps, looking only every quarter second as a safety net. Without
+  inotify it polls every ``poll_interval_s``.
+
+A queue's subscriptions are woken when a job id above the highest one
+already delivered for it shows up, so the commit that :func:`notify`
+reported is not delivered a second time by the watcher. A job claimed and
+finished before the watcher looked wakes nobody, which is harmless: there is
+nothing left to claim. If the watcher's connection fails it wakes everyone
+(a wake may have been missed), reconnects and goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+import time
+
+from alkstore.engine import WakeLatch
+from alkstore_sqlite._connection import connect
+from alkstore_sqlite._inotify import FileEvents, watch_file
+
+__all__ = ["LATEST_ID", "FileWatch", "notify", "subscribe", "unsubscribe"]
+
+log = logging.getLogger("alkstore.sqlite")
+
+# Pause after the watcher's connection failed before it reconnects (seconds).
+_RECONNECT_PAUSE_S = 0.1
+# With inotify: how long to keep polling after a write event (seconds) ...
+_ACTIVE_WINDOW_S = 0.02
+# ... and how often to look without any event, in case one was missed.
+_SAFETY_POLL_S = 0.25
+
+#: The largest job id ever committed (0 before the first): a subscription's
+#: starting point.
+LATEST_ID = "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = '_alkstore_jobs'), 0)"
+# A rowid range: costs the jobs enqueued since the last look, whatever waits.
+_NEW_JOBS = "SELECT queue, max(id) FROM _alkstore_jobs WHERE id > ? GROUP BY queue"
+
+
+class FileWatch:
+    """The subscriptions of this process on one database file, and the
+    watcher thread that serves them.
+
+    Parameters
+    ----------
+    path
+        The database file (its real path: the registry's key).
+    poll_interval_s
+        Seconds between two polls of ``PRAGMA data_version``.
+    busy_timeout_s
+        The watcher connection's busy timeout, seconds.
+    """
+
+    def __init__(self, path: str, poll_interval_s: float, busy_timeout_s: float) -> None:
+        self.path = path
+        self.poll_interval_s = poll_interval_s
+        self.busy_timeout_s = busy_timeout_s
+        self.lock = threading.Lock()
+        self.latches: dict[str, set[WakeLatch]] = {}
+        # The highest job id delivered per subscribed queue.
+        self.seen: dict[str, int] = {}
+        # The watcher has looked at every job up to this id.
+        self.looked_up_to: int | None = None
+        # Set when looked_up_to moved back: look even if nothing committed.
+        self._rescan = False
+        self._stopping = False
+        self._events: FileEvents | None = None
+        self._thread = threading.Thread(
+            target=self._run, name=f"alkstore-sqlite-watch {path}", daemon=True
+        )
+
+    # -- bookkeeping, under the registry lock --------------------------------
+
+    def add(self, queue: str, latch: WakeLatch, latest_id: int) -> None:
+        with self.lock:
+            if queue not in self.seen:
+                self.seen[queue] = latest_id
+            self.latches.setdefault(queue, set()).add(latch)
+            if self.looked_up_to is None or latest_id < self.looked_up_to:
+                # Look again from here: jobs the watcher passed over before
+                # this queue was subscribed may be news for it.
+                self.looked_up_to = latest_id
+                self._rescan = True
+                if self._events is not None:
+                    self._events.interrupt()
+
+    def remove(self, queue: str, latch: WakeLatch) -> bool:
+        """Drop a latch; return whether no subscription is left."""
+        with self.lock:
+            latches = self.latches.get(queue)
+            if latches is not None:
+                latches.discard(latch)
+                if not latches:
+                    del self.latches[queue]
+                    del self.seen[queue]
+            return not self.latches
+
+    def deliver(self, queue: str, job_id: int) -> None:
+        """Wake ``queue``'s subscriptions if ``job_id`` is news."""
+        with self.lock:
+            seen = self.seen.get(queue)
+            if seen is None or job_id <= seen:
+                return
+            self.seen[queue] = job_id
+            latches = list(self.latches[queue])
+        for latch in latches:
+            latch.set()
+
+    def wake_all(self) -> None:
+        with self.lock:
+            latches = [latch for group in self.latches.values() for latch in group]
+        for latch in latches:
+            latch.set()
+
+    # -- the watcher thread --------------------------------------------------
+
+    def start(self) -> None:
+        # Watch before the first look, so no write between the two is missed.
+        self._events = watch_file(self.path + "-wal")
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the thread to end and wait for it (it closes its connection)."""
+        self._stopping = True
+        if self._events is not None:
+            self._events.interrupt()
+        if self._thread.ident is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+            # Only now: closing while the thread waits could let it read a
+            # reused descriptor number.
+            if self._events is not None:
+                self._events.close()
+
+    def _pause(self, active_until: float) -> float:
+        """Wait for the next look; return the new end of the active window."""
+        events = self._events
+        if events is None:
+            time.sleep(self.poll_interval_s)
+            return active_until
+        quiet = time.monotonic() >= active_until
+        if events.wait(_SAFETY_POLL_S if quiet else self.poll_interval_s):
+            return time.monotonic() + _ACTIVE_WINDOW_S
+        return active_until
+
+    def _run(self) -> None:
+        conn: sqlite3.Connection | None = None
+        last_version: int | None = None
+        active_until = 0.0
+        try:
+            while not self._stopping:
+                try:
+                    if conn is None:
+                        conn = connect(self.path, self.busy_timeout_s)
+                        last_version = None
+                    version = conn.execute("PRAGMA data_version").fetchone()[0]
+                    if version != last_version or self._rescan:
+                        last_version = version
+                        self._scan(conn)
+                except sqlite3.Error:
+                    log.warning(
+                        "alkstore-sqlite watcher on %s failed; reconnecting",
+                        self.path,
+                        exc_info=True,
+                    )
+                    if conn is not None:
+                        conn.close()
+                        conn = None
+                    self.wake_all()
+                    time.sleep(_RECONNECT_PAUSE_S)
+                    continue
+                active_until = self._pause(active_until)
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _scan(self, conn: sqlite3.Connection) -> None:
+        with self.lock:
+            start = self.looked_up_to
+            self._rescan = False
+        if start is None:
+            return
+        rows = conn.execute(_NEW_JOBS, (start,)).fetchall()
+        for queue, job_id in rows:
+            self.deliver(queue, job_id)
+        with self.lock:
+            # Unless add() moved it back meanwhile (and asked for a rescan).
+            if self.looked_up_to == start:
+                self.looked_up_to = max((job_id for _, job_id in rows), default=start)
+
+
+class _Registry:
+    """The watches of this process, keyed by the database file's real path."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.lock = threading.Lock()
+        self.watches: dict[str, FileWatch] = {}
+
+
+_registry = _Registry()
+
+
+def subscribe(
+    path: str,
+    queue: str,
+    latch: WakeLatch,
+    latest_id: int,
+    *,
+    poll_interval_s: float,
+    busy_timeout_s: float,
+) -> None:
+    """Register ``latch`` for wakes of ``queue`` on the file ``path``.
+
+    Parameters
+    ----------
+    latest_id
+        :data:`LATEST_ID` read before this call: jobs above it wake the
+        latch.
+    poll_interval_s, busy_timeout_s
+        The watcher's settings if this starts it; a shorter poll interval
+        also shortens a running watcher's.
+    """
+    with _registry.lock:
+        watch = _registry.watches.get(path)
+        started = watch is None
+        if watch is None:
+            watch = _registry.watches[path] = FileWatch(path, poll_interval_s, busy_timeout_s)
+        watch.poll_interval_s = min(watch.poll_interval_s, poll_interval_s)
+        watch.add(queue, latch, latest_id)
+        if started:
+            watch.start()
+
+
+def unsubscribe(path: str, queue: str, latch: WakeLatch) -> None:
+    """Drop ``latch``; the last one on a file stops its watcher."""
+    with _registry.lock:
+        watch = _registry.watches.get(path)
+        if watch is None or not watch.remove(queue, latch):
+            return
+        del _registry.watches[path]
+    watch.stop()
+
+
+def notify(path: str, queue: str, job_id: int) -> None:
+    """Wake this process's subscriptions of ``queue`` after an enqueue whose
+    last job is ``job_id`` committed."""
+    watch = _registry.watches.get(path)
+    if watch is not None:
+        watch.deliver(queue, job_id)
+
+
+def _before_fork() -> None:
+    _registry.lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _registry.lock.release()
+
+
+def _after_fork_in_child() -> None:
+    # The watcher threads did not survive fork(): start from an empty
+    # registry (the child's own subscriptions start their own watchers).
+    _registry.reset()
+
+
+os.register_at_fork(
+    before=_before_fork,
+    after_in_parent=_after_fork_in_parent,
+    after_in_child=_after_fork_in_child,
+)

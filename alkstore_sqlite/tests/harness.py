@@ -1,0 +1,60 @@
+"""The SQLite engine's side of the shared contract suite.
+
+``tests/test_contract.py`` plugs it in as
+``class TestSqliteContract(ContractSuite, SqliteHarness): pass``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from alkstore_contract_tests.harness import EngineHarness, StoreTarget
+from alkstore_sqlite import parse_url
+
+__all__ = ["SqliteHarness"]
+
+# Seconds the application's connection waits for alkstore's write lock.
+_APP_TIMEOUT_S = 30.0
+_FAULT_TRIGGER = "_alkstore_test_dead_insert_fails"
+
+
+class SqliteHarness(EngineHarness):
+    """A fresh database file per test under pytest's ``tmp_path``."""
+
+    @pytest.fixture
+    def alkstore_target(self, tmp_path: Path) -> Iterator[StoreTarget]:
+        """A URL to a database file that does not exist yet."""
+        # An absolute path gives the four-slash form sqlite:////tmp/...; pytest
+        # removes tmp_path itself. The base class declares a generator.
+        yield StoreTarget(f"sqlite:///{tmp_path / 'alkstore.db'}", {})  # noqa: PT022
+
+    @contextlib.contextmanager
+    def app_connection(self, target: StoreTarget) -> Iterator[sqlite3.Connection]:
+        """An autocommit ``sqlite3`` connection: ``BEGIN`` is explicit (the
+        suite's :meth:`begin`), ``commit()``/``rollback()`` end it."""
+        conn = sqlite3.connect(parse_url(target.url), isolation_level=None, timeout=_APP_TIMEOUT_S)
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    @contextlib.contextmanager
+    def dead_letter_inserts_fail(self, target: StoreTarget) -> Iterator[None]:
+        """Every insert into ``_alkstore_dead`` aborts while inside."""
+        conn = sqlite3.connect(parse_url(target.url), isolation_level=None, timeout=_APP_TIMEOUT_S)
+        try:
+            conn.execute(
+                f"CREATE TRIGGER {_FAULT_TRIGGER} BEFORE INSERT ON _alkstore_dead "
+                "BEGIN SELECT RAISE(ABORT, 'injected dead-letter failure'); END"
+            )
+            try:
+                yield
+            finally:
+                conn.execute(f"DROP TRIGGER IF EXISTS {_FAULT_TRIGGER}")
+        finally:
+            conn.close()

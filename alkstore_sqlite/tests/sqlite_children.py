@@ -1,0 +1,133 @@
+"""Functions run in child processes by the tests (importable by ``spawn``)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import traceback
+from collections.abc import Callable, Sequence
+from multiprocessing.synchronize import Barrier
+from typing import Any
+
+import alkstore
+
+#: How long a test waits for its children, seconds.
+CHILD_TIMEOUT_S = 120
+
+
+def _report(results: Any, index: int, target: Callable[..., Any], args: Sequence[Any]) -> None:
+    try:
+        results.put((index, True, target(*args)))
+    except BaseException:
+        results.put((index, False, traceback.format_exc()))
+
+
+def run_children(target: Callable[..., Any], args: Sequence[Sequence[Any]]) -> list[Any]:
+    """Run ``target(*a)`` for each ``a`` in its own spawned process at once;
+    return the results in order, or fail with a child's traceback.
+
+    Barriers and other synchronisation objects in ``args`` are inherited at
+    spawn, which a process pool cannot do.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    processes = [
+        ctx.Process(target=_report, args=(results, i, target, a)) for i, a in enumerate(args)
+    ]
+    for process in processes:
+        process.start()
+    try:
+        collected = dict(
+            (index, (ok, value))
+            for index, ok, value in (results.get(timeout=CHILD_TIMEOUT_S) for _ in processes)
+        )
+    finally:
+        for process in processes:
+            process.join(CHILD_TIMEOUT_S)
+    failures = [value for ok, value in collected.values() if not ok]
+    assert not failures, "\n".join(failures)
+    return [collected[i][1] for i in range(len(processes))]
+
+
+def barrier(parties: int) -> Barrier:
+    """A barrier that spawned children can inherit."""
+    return multiprocessing.get_context("spawn").Barrier(parties)
+
+
+def open_at_once(url: str, barrier: Barrier) -> str:
+    """Open (and so migrate) a store on ``url`` together with siblings."""
+    barrier.wait()
+    with alkstore.open(url) as store:
+        return type(store).__name__
+
+
+def enqueue_after(url: str, barrier: Barrier, queue: str, payload: Any) -> int:
+    """Enqueue ``payload`` once the parent is listening."""
+    with alkstore.open(url) as store:
+        barrier.wait()
+        return store.queue(queue).enqueue(payload)
+
+
+def claim_rounds(url: str, barrier: Barrier, worker: str, rounds: int) -> list[tuple[int, int]]:
+    """Claim once per round in step with siblings; ack what was won.
+
+    Returns the (id, attempts) of every job this process won.
+    """
+    won: list[tuple[int, int]] = []
+    with alkstore.open(url) as store:
+        queue = store.queue("race")
+        for _ in range(rounds):
+            barrier.wait()
+            handle = queue.claim_one(worker)
+            if handle is not None:
+                won.append((handle.id, handle.attempts))
+                handle.ack()
+            barrier.wait()
+    return won
+
+
+def churn(url: str, worker: str, jobs: int) -> int:
+    """Enqueue, claim and ack ``jobs`` jobs as fast as possible; return how
+    many this process acked."""
+    acked = 0
+    with alkstore.open(url) as store:
+        queue = store.queue("churn")
+        for i in range(jobs):
+            queue.enqueue({"worker": worker, "i": i})
+            handle = queue.claim_one(worker)
+            if handle is not None and handle.ack():
+                acked += 1
+    return acked
+
+
+def after_fork(store: Any, path: str) -> tuple[int, bool]:
+    """In a forked child: use the inherited store, and listen on a new one
+    whose wakes come from another connection's commit."""
+    import sqlite3
+
+    from alkstore_sqlite import SqliteStore
+
+    job_id = store.queue("q").enqueue("from the child")
+    with SqliteStore(path) as own:
+        sub = own.listen("q")
+        conn = sqlite3.connect(path, isolation_level=None)
+        try:
+            conn.execute("BEGIN")
+            own.queue("q").enqueue_tx(conn, "tx")
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+        return job_id, sub.wait(CHILD_TIMEOUT_S)
+
+
+def run_forked(target: Callable[..., Any], *args: Any) -> Any:
+    """Run ``target(*args)`` in a forked child; return its result."""
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    process = ctx.Process(target=_report, args=(results, 0, target, args))
+    process.start()
+    try:
+        _, ok, value = results.get(timeout=CHILD_TIMEOUT_S)
+    finally:
+        process.join(CHILD_TIMEOUT_S)
+    assert ok, value
+    return value
