@@ -139,6 +139,7 @@ class Queue(abc.ABC):
         StoreClosedError, ValidationError, EngineError
             As :meth:`enqueue`; a refused item means nothing is written.
         """
+        self._store._check_open()  # before validating payloads (SPEC §3 "Closed store")
         if isinstance(payloads, (str, bytes, dict)) or not isinstance(payloads, Iterable):
             raise ValidationError("payloads must be an iterable of payloads (a list)")
         resolved, encoded = self._prepare(payloads, options)

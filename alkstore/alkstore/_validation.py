@@ -138,7 +138,9 @@ def queue_name(name: object) -> str:
 
 
 def worker_id(value: object) -> str:
-    """Check a ``worker_id``: a ``str`` of 1 to 255 characters.
+    """Check a ``worker_id``: a ``str`` of 1 to 255 characters, none of them
+    NUL or a lone surrogate (it is stored verbatim as UTF-8 text, which
+    neither engine can do for those).
 
     Raises
     ------
@@ -150,6 +152,11 @@ def worker_id(value: object) -> str:
     if not 1 <= len(value) <= MAX_WORKER_ID_CHARS:
         raise ValidationError(
             f"worker_id must be 1 to {MAX_WORKER_ID_CHARS} characters, got {len(value)}"
+        )
+    if _UNSTORABLE.search(value):
+        raise ValidationError(
+            f"worker_id {value!r} holds a NUL character or a lone surrogate; "
+            "it is stored as UTF-8 text"
         )
     return value
 

@@ -1,0 +1,306 @@
+"""The :class:`App`: a store opened on first use, its tasks and their queues
+(docs/tasks-and-workers.md).
+
+The shape is Celery's ``Celery`` app and huey's ``Huey`` object: created at
+import time in the module that defines the tasks, so that a worker process
+(``alkstore worker MODULE:APP``) imports the same module and finds the same
+tasks by name.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+
+from alkstore import _validation as v
+from alkstore._options import QueueOpts
+from alkstore._registry import DEFAULT_URL, URL_ENV
+from alkstore._registry import open as open_store
+from alkstore._store import Store
+from alkstore._task import Task, default_task_name
+from alkstore.errors import ValidationError
+
+if TYPE_CHECKING:
+    from alkstore._queue import Queue
+    from alkstore._worker import Worker
+
+__all__ = ["DEFAULT_QUEUE", "App"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: The queue of a task registered without ``queue=`` (RQ's default name).
+DEFAULT_QUEUE = "default"
+
+
+class App:
+    """Tasks, their queues and the store they share.
+
+    The store is opened lazily, on the first enqueue, worker or
+    :attr:`store` access, so an ``App`` can be created at import time.
+
+    Parameters
+    ----------
+    url
+        The store's URL for :func:`alkstore.open`; ``None`` reads
+        ``ALKSTORE_URL`` when the store opens, else the embedded
+        ``sqlite:///alkstore.db``.
+    store
+        An already-open :class:`Store` to use instead of opening one (the
+        caller keeps it and closes it; :meth:`close` does not). Excludes
+        ``url`` and engine options.
+    **engine_options
+        Passed to :func:`alkstore.open` (``clock=``, ``rng=``,
+        ``migrate=``, and the engine's own).
+
+    Raises
+    ------
+    ValidationError
+        If ``store`` is given together with ``url`` or engine options, or is
+        not a :class:`Store`.
+    """
+
+    def __init__(
+        self, url: str | None = None, *, store: Store | None = None, **engine_options: Any
+    ) -> None:
+        if store is not None:
+            if url is not None or engine_options:
+                raise ValidationError("give either store= or a url and engine options, not both")
+            if not isinstance(store, Store):
+                raise ValidationError(f"store must be a Store, not {type(store).__name__}")
+        self._url = url
+        self._engine_options = dict(engine_options)
+        self._store = store
+        self._owns_store = store is None
+        self._lock = threading.RLock()
+        self._tasks: dict[str, Task[Any, Any]] = {}
+        # Queue names in first-registration order; the options given for a
+        # queue by any of its tasks (None: defaults, until a task gives some).
+        self._queue_opts: dict[str, QueueOpts | None] = {}
+        self._queues: dict[str, Queue] = {}
+
+    def __repr__(self) -> str:
+        return f"<App {self.url!r}, {len(self._tasks)} task(s)>"
+
+    # -- the store -----------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The URL the store is (or will be) opened with: the ``url`` given,
+        else ``$ALKSTORE_URL``, else ``sqlite:///alkstore.db``. Empty for an
+        app made with ``store=``."""
+        if self._url is not None:
+            return self._url
+        if not self._owns_store:
+            return ""
+        return os.environ.get(URL_ENV) or DEFAULT_URL
+
+    def configure(self, url: str | None = None, **engine_options: Any) -> None:
+        """Change the URL or engine options before the store opens (a
+        command-line ``--url`` overriding the one given at import time).
+
+        Parameters
+        ----------
+        url
+            The new URL; ``None`` keeps the current one.
+        **engine_options
+            Set over the current engine options (the others are kept).
+
+        Raises
+        ------
+        RuntimeError
+            If the store is already open, or the app was made with ``store=``.
+        """
+        with self._lock:
+            if self._store is not None:
+                raise RuntimeError("the app's store is already open; configure it before first use")
+            if url is not None:
+                self._url = url
+            self._engine_options.update(engine_options)
+
+    @property
+    def store(self) -> Store:
+        """The app's store, opened on first access (thread-safe).
+
+        Raises
+        ------
+        UnknownEngineError, ValidationError, SchemaVersionError, EngineError
+            As :func:`alkstore.open`.
+        """
+        store = self._store
+        if store is not None:
+            return store
+        with self._lock:
+            if self._store is None:
+                url = self.url
+                self._url = url  # resolved once: later env changes do not move the app
+                self._store = open_store(url, **self._engine_options)
+            return self._store
+
+    def close(self) -> None:
+        """Close the store if the app opened it; idempotent. Tasks stay
+        registered, and the next use opens a new store."""
+        with self._lock:
+            store, self._queues = self._store, {}
+            if self._owns_store:
+                self._store = None
+        if store is not None and self._owns_store:
+            store.close()
+
+    def __enter__(self) -> App:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- tasks and queues ----------------------------------------------------
+
+    @property
+    def tasks(self) -> Mapping[str, Task[Any, Any]]:
+        """The registered tasks by name (a copy)."""
+        with self._lock:
+            return dict(self._tasks)
+
+    @property
+    def queue_names(self) -> list[str]:
+        """The queues of the registered tasks, in first-registration order."""
+        with self._lock:
+            return list(self._queue_opts)
+
+    def queue_opts(self, name: str) -> QueueOpts:
+        """The :class:`QueueOpts` of the queue ``name``: those its tasks gave,
+        else the defaults."""
+        with self._lock:
+            return self._queue_opts.get(name) or QueueOpts()
+
+    def queue(self, name: str) -> Queue:
+        """The store's handle on the queue ``name`` with :meth:`queue_opts`
+        (cached; opens the store).
+
+        Raises
+        ------
+        ValidationError
+            For a name outside SPEC §3's rule.
+        """
+        with self._lock:
+            queue = self._queues.get(name)
+            if queue is None:
+                queue = self.store.queue(name, self.queue_opts(name))
+                self._queues[name] = queue
+            return queue
+
+    @overload
+    def task(self, func: Callable[P, R], /) -> Task[P, R]: ...
+    @overload
+    def task(
+        self, *, queue: str = DEFAULT_QUEUE, name: str | None = None, **queue_opts: Any
+    ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+    def task(
+        self,
+        __func: Callable[P, R] | None = None,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        name: str | None = None,
+        **queue_opts: Any,
+    ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
+        """Register a function as a task: ``@app.task`` or
+        ``@app.task(queue="emails", max_attempts=3)``.
+
+        Parameters
+        ----------
+        queue
+            The queue its jobs go to; default ``"default"``.
+        name
+            The name stored in payloads; default ``module.qualname``
+            (:func:`default_task_name`). Name tasks explicitly when their
+            module may move: a worker finds the function by this name.
+        **queue_opts
+            :class:`QueueOpts` fields for the queue (``visibility_timeout_s``,
+            ``max_attempts``, ``backoff_base_s`` ...), stamped on every job
+            the app enqueues there. Tasks sharing a queue share its options.
+
+        Returns
+        -------
+        Task
+            The registered task (or a decorator that returns it).
+
+        Raises
+        ------
+        ValidationError
+            For a bad queue name or option, a name already registered, or
+            options that differ from those another task gave the same queue.
+        """
+        v.queue_name(queue)
+        opts = self._check_queue_opts(queue_opts) if queue_opts else None
+
+        def register(function: Callable[P, R]) -> Task[P, R]:
+            if not callable(function):
+                raise ValidationError(f"a task must be callable, not {type(function).__name__}")
+            task_name = default_task_name(function) if name is None else name
+            if not isinstance(task_name, str) or not task_name:
+                raise ValidationError("a task name must be a non-empty str")
+            with self._lock:
+                if task_name in self._tasks:
+                    raise ValidationError(f"a task named {task_name!r} is already registered")
+                known = self._queue_opts.get(queue)
+                if opts is not None and known is not None and known != opts:
+                    raise ValidationError(
+                        f"queue {queue!r} already has options {known}; "
+                        f"a task on it asked for {opts}"
+                    )
+                if opts is not None or queue not in self._queue_opts:
+                    self._queue_opts[queue] = opts if opts is not None else known
+                    self._queues.pop(queue, None)
+                created: Task[P, R] = Task(self, function, task_name, queue)
+                self._tasks[task_name] = created
+                return created
+
+        if __func is not None:
+            return register(__func)
+        return register
+
+    @staticmethod
+    def _check_queue_opts(queue_opts: Mapping[str, Any]) -> QueueOpts:
+        try:
+            return QueueOpts(**queue_opts)
+        except TypeError:
+            fields = sorted(QueueOpts.__dataclass_fields__)
+            unknown = sorted(set(queue_opts) - set(fields))
+            raise ValidationError(
+                f"unknown queue option(s) {', '.join(unknown)}; accepted: {', '.join(fields)}"
+            ) from None
+
+    # -- workers -------------------------------------------------------------
+
+    def worker(
+        self, queues: Iterable[str] | None = None, concurrency: int = 1, **options: Any
+    ) -> Worker:
+        """Make a :class:`Worker` that runs this app's tasks.
+
+        Parameters
+        ----------
+        queues
+            Queue names to work, in priority order; ``None`` for every queue
+            of the registered tasks.
+        concurrency
+            How many jobs run at once (threads), ``>= 1``.
+        **options
+            :class:`Worker`'s keyword options (``poll_interval_s``,
+            ``grace_period_s`` ...).
+
+        Raises
+        ------
+        ValidationError
+            For a bad queue name or option, or no queue to work.
+        """
+        from alkstore._worker import Worker
+
+        return Worker(self, queues, concurrency, **options)

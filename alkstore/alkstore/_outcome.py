@@ -1,0 +1,64 @@
+"""What a task handler raises to choose its job's outcome: :class:`Fail` and
+:class:`Retry` (docs/tasks-and-workers.md "Outcomes").
+
+A handler that returns has its job acked; one that raises any other
+exception has it retried with the queue's backoff. These two exceptions are
+the explicit choices, after Celery's ``Reject``/``Retry`` and Oban's
+``{:cancel, reason}``/``{:snooze, seconds}`` return values.
+"""
+
+from __future__ import annotations
+
+from alkstore import _validation as v
+
+__all__ = ["Fail", "Retry"]
+
+
+class Fail(Exception):
+    """Raise from a task to dead-letter its job at once, whatever attempts
+    remain (the worker calls :meth:`JobHandle.fail`, SPEC §3).
+
+    Use it for errors that no retry can fix: a malformed argument, a record
+    that no longer exists.
+
+    Parameters
+    ----------
+    message
+        Stored as the dead job's ``last_error``; ``None`` stores ``"failed"``.
+    """
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(*(() if message is None else (message,)))
+        self.message = message
+
+
+class Retry(Exception):
+    """Raise from a task to put its job back to run again after ``delay``
+    (the worker calls :meth:`JobHandle.retry`, SPEC §3).
+
+    The retry consumes the attempt the job was claimed with: at its
+    ``max_attempts`` the job is dead-lettered with ``"max attempts
+    exceeded"`` instead, exactly as for any other retry.
+
+    Parameters
+    ----------
+    message
+        Stored as the job's ``last_error``.
+    delay
+        Seconds (``int``/``float``) or ``timedelta``, ``>= 0``; ``None``
+        uses the queue's backoff (SPEC §3 "Backoff"), as an unexpected
+        exception does.
+
+    Raises
+    ------
+    ValidationError
+        For a ``delay`` outside SPEC §2's duration rule, or a ``message``
+        that is not a ``str``. Raised inside a handler, that error is itself
+        an unexpected exception, so the job is retried with backoff.
+    """
+
+    def __init__(self, message: str = "retry requested", *, delay: object = None) -> None:
+        v.error_text(message, "message")
+        self.delay_s = None if delay is None else v.duration_s(delay, "delay")
+        super().__init__(message)
+        self.message = message

@@ -1,0 +1,265 @@
+"""The :class:`Task`: a registered function and the payload that names it
+(docs/tasks-and-workers.md "Tasks").
+
+A task's job payload is the JSON object ``{"task": NAME, "args": [...],
+"kwargs": {...}}``; the payload codec (SPEC §3 "Payload") encodes it, so
+arguments that are not strict JSON raise ``ValidationError`` at enqueue.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, ParamSpec, TypeVar
+
+from alkstore._resolution import enqueue_options
+from alkstore.errors import ValidationError
+
+if TYPE_CHECKING:
+    from alkstore._app import App
+
+__all__ = ["TaskCall", "Task", "default_task_name", "parse_task_payload", "task_payload"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: The keywords of :meth:`Task.options` (and of :meth:`Queue.enqueue`).
+ENQUEUE_OPTIONS = ("delay", "run_at", "priority", "max_attempts", "expires")
+
+
+def task_payload(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON payload of one call of the task ``name``.
+
+    Tuples among ``args`` at the top level become a list; nested values are
+    left to the payload codec, which refuses anything but strict JSON.
+    """
+    return {"task": name, "args": list(args), "kwargs": dict(kwargs)}
+
+
+class TaskCall(NamedTuple):
+    """A task payload, parsed: the task's name and its arguments."""
+
+    name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+
+
+def parse_task_payload(payload: object) -> TaskCall:
+    """Read a job payload written by :func:`task_payload`.
+
+    ``"args"`` and ``"kwargs"`` may be missing (no arguments), so a payload
+    enqueued by hand as ``{"task": "send_report"}`` runs too.
+
+    Raises
+    ------
+    ValueError
+        Naming what is wrong, for any other payload.
+    """
+    expected = 'expected a JSON object {"task": name, "args": [...], "kwargs": {...}}'
+    if not isinstance(payload, dict):
+        raise ValueError(f"not a task payload ({type(payload).__name__}); {expected}")
+    name = payload.get("task")
+    args = payload.get("args", [])
+    kwargs = payload.get("kwargs", {})
+    if not isinstance(name, str) or not name:
+        raise ValueError(f'not a task payload: "task" is missing or not a str; {expected}')
+    if not isinstance(args, list):
+        raise ValueError(f'task payload for {name!r}: "args" must be a list')
+    if not isinstance(kwargs, dict):
+        raise ValueError(f'task payload for {name!r}: "kwargs" must be an object')
+    return TaskCall(name, args, kwargs)
+
+
+def default_task_name(func: Callable[..., Any]) -> str:
+    """``module.qualname`` of ``func``, as Celery names tasks.
+
+    A function defined in a script run as ``python path/to/jobs.py`` lives in
+    ``__main__``; it is named after the module the script would be imported
+    as (``jobs.func``, or the ``-m`` module name), so the script and an
+    ``alkstore worker jobs:app`` that imports it agree on the name.
+    """
+    module = getattr(func, "__module__", None) or "__main__"
+    if module == "__main__":
+        main = sys.modules.get("__main__")
+        spec = getattr(main, "__spec__", None)
+        path = getattr(main, "__file__", None)
+        if spec is not None and getattr(spec, "name", None):
+            module = spec.name
+        elif isinstance(path, str):
+            module = path.rsplit("/", 1)[-1].removesuffix(".py")
+    qualname = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+    return f"{module}.{qualname}"
+
+
+class Task(Generic[P, R]):
+    """A function registered with :meth:`App.task` (docs/tasks-and-workers.md).
+
+    Calling the task runs the function in this process, as a plain call.
+    :meth:`enqueue` stores a job that a :class:`Worker` runs later;
+    :meth:`options` returns a copy that enqueues with per-job options.
+
+    Attributes
+    ----------
+    app
+        The :class:`App` the task is registered with.
+    name
+        The name stored in its payloads; workers find the function by it.
+    queue
+        The name of the queue its jobs go to.
+    func
+        The function itself.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        func: Callable[P, R],
+        name: str,
+        queue: str,
+        enqueue_opts: Mapping[str, object] | None = None,
+    ) -> None:
+        self.app = app
+        self.func = func
+        self.name = name
+        self.queue = queue
+        self._enqueue_opts: dict[str, object] = dict(enqueue_opts or {})
+        functools.update_wrapper(self, func)
+
+    def __repr__(self) -> str:
+        extra = "".join(f", {k}={v!r}" for k, v in self._enqueue_opts.items())
+        return f"<Task {self.name!r} on queue {self.queue!r}{extra}>"
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run the function now, in this process (no job is stored)."""
+        return self.func(*args, **kwargs)
+
+    @property
+    def enqueue_options(self) -> Mapping[str, object]:
+        """The per-job options set with :meth:`options` (empty by default)."""
+        return dict(self._enqueue_opts)
+
+    def options(
+        self,
+        *,
+        delay: object = None,
+        run_at: object = None,
+        priority: object = None,
+        max_attempts: object = None,
+        expires: object = None,
+    ) -> Task[P, R]:
+        """Return a copy whose :meth:`enqueue` and :meth:`enqueue_tx` use
+        these per-job options (Celery's ``apply_async`` options, RQ's
+        ``enqueue_in``). Options left ``None`` keep this task's.
+
+        Parameters
+        ----------
+        delay
+            Seconds or ``timedelta`` from the enqueue instant until the job
+            is due; wins over ``run_at`` (SPEC §3 "Option resolution").
+        run_at
+            A timezone-aware ``datetime`` at which the job is due.
+        priority
+            ``int``, higher is claimed first; overrides the queue's.
+        max_attempts
+            How many claims the job may consume; overrides the queue's.
+        expires
+            Seconds or ``timedelta`` after the enqueue instant at which the
+            job expires unrun.
+
+        Returns
+        -------
+        Task
+            A new task object with the same name, queue and function.
+
+        Raises
+        ------
+        ValidationError
+            For an option outside its rule (checked now, before any I/O).
+        """
+        given = {
+            "delay": delay,
+            "run_at": run_at,
+            "priority": priority,
+            "max_attempts": max_attempts,
+            "expires": expires,
+        }
+        merged = {**self._enqueue_opts, **{k: v for k, v in given.items() if v is not None}}
+        enqueue_options(**merged)
+        return Task(self.app, self.func, self.name, self.queue, merged)
+
+    def payload(self, *args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
+        """The job payload of this call, as :meth:`enqueue` would store it."""
+        return task_payload(self.name, args, kwargs)
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> int:
+        """Store a job that runs ``func(*args, **kwargs)`` on a worker.
+
+        Returns
+        -------
+        int
+            The job's id.
+
+        Raises
+        ------
+        ValidationError
+            If an argument is not strict JSON (SPEC §3 "Payload"); nothing
+            is stored.
+        StoreClosedError, EngineError
+            As :meth:`Queue.enqueue`.
+        """
+        return self.app.queue(self.queue).enqueue(
+            self.payload(*args, **kwargs), **self._enqueue_opts
+        )
+
+    def enqueue_tx(self, conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        """Store the job inside the caller's open transaction on ``conn``
+        (SPEC §3 "Transactional enqueue"): it exists, and wakes workers,
+        only if the caller commits.
+
+        Parameters
+        ----------
+        conn
+            The application's own driver connection with a transaction open
+            (``sqlite3.Connection`` on the same file, ``psycopg.Connection``).
+
+        Returns
+        -------
+        int
+            The job's id.
+
+        Raises
+        ------
+        ValidationError
+            For arguments that are not strict JSON, or a ``conn`` outside a
+            transaction; the caller's transaction is left as it was.
+        """
+        return self.app.queue(self.queue).enqueue_tx(
+            conn, self.payload(*args, **kwargs), **self._enqueue_opts
+        )
+
+    def enqueue_many(self, calls: Iterable[Sequence[Any]]) -> list[int]:
+        """Store one job per item of ``calls``, each item the positional
+        arguments of one call, in one transaction: all or nothing
+        (:meth:`Queue.enqueue_many`).
+
+        Returns
+        -------
+        list[int]
+            The ids, in the order of ``calls``.
+
+        Raises
+        ------
+        ValidationError
+            If an item is not a list or tuple, or an argument is not strict
+            JSON; nothing is stored.
+        """
+        payloads = []
+        for call in calls:
+            if not isinstance(call, (list, tuple)):
+                raise ValidationError(
+                    f"each call must be a list or tuple of positional arguments, "
+                    f"not {type(call).__name__}"
+                )
+            payloads.append(task_payload(self.name, call, {}))
+        return self.app.queue(self.queue).enqueue_many(payloads, **self._enqueue_opts)

@@ -1,0 +1,599 @@
+"""The :class:`Worker`: claims jobs and runs their tasks (docs/tasks-and-workers.md).
+
+Built only on the public contract (``Store.listen``, ``Queue.claim_batch``,
+``Queue.sweep_expired``, ``JobHandle.ack/retry/fail/heartbeat``), so it runs on
+any engine that passes the contract suite.
+
+One run is four kinds of threads:
+
+- the caller's thread runs the claim loop: it claims up to its free slots with
+  ``claim_batch``, then waits for a wake, a free slot or the re-poll interval;
+- one listener thread per queue turns ``Subscription.wait`` wakes into a flag
+  the loop waits on (a subscription waits on one queue; the loop on all);
+- ``concurrency`` daemon threads run the handlers and record each outcome;
+- one heartbeat thread keeps running jobs' claims alive
+  (:mod:`alkstore._heartbeat`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import os
+import secrets
+import signal
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+from alkstore import _validation as v
+from alkstore._handle import JobHandle
+from alkstore._heartbeat import Beat, Heartbeater
+from alkstore._outcome import Fail, Retry
+from alkstore._pool import DaemonPool
+from alkstore._signals import stop_signals
+from alkstore._task import Task, parse_task_payload
+from alkstore.errors import StoreClosedError, ValidationError
+
+if TYPE_CHECKING:
+    from alkstore._app import App
+    from alkstore._queue import Queue
+    from alkstore._subscription import Subscription
+
+__all__ = [
+    "DEFAULT_GRACE_PERIOD_S",
+    "DEFAULT_POLL_INTERVAL_S",
+    "DEFAULT_SWEEP_INTERVAL_S",
+    "Outcome",
+    "Worker",
+    "WorkerCounts",
+    "describe_exception",
+]
+
+log = logging.getLogger("alkstore.worker")
+
+#: Seconds between claim attempts when no wake arrives: the safety net for a
+#: lost wake (SPEC §3 "Wake"). A lost wake delays a job by at most this.
+DEFAULT_POLL_INTERVAL_S = 1.0
+#: Seconds running jobs get to finish after a stop before the worker exits
+#: and leaves them to lapse (Kubernetes' default termination grace period).
+DEFAULT_GRACE_PERIOD_S = 30.0
+#: Seconds between ``sweep_expired`` calls on each queue (the first at start).
+DEFAULT_SWEEP_INTERVAL_S = 60.0
+#: A listener thread returns from ``Subscription.wait`` at least this often
+#: to notice that the worker is stopping.
+_LISTEN_SLICE_S = 0.5
+#: Seconds to wait before retrying after the database failed in the loop.
+_ERROR_PAUSE_S = 1.0
+
+#: How a job ended, as logged and counted.
+Outcome = Literal["succeeded", "retried", "dead", "lost"]
+
+
+class WorkerCounts(NamedTuple):
+    """How the jobs a worker ran ended.
+
+    Attributes
+    ----------
+    succeeded
+        The handler returned and the job was acked.
+    retried
+        The handler raised and the job went back to pending (backoff or
+        ``Retry(delay=...)``).
+    dead
+        The job was dead-lettered: ``Fail``, an unknown task or a malformed
+        payload, or a retry at its ``max_attempts``.
+    lost
+        The outcome could not be recorded because the claim was no longer
+        this worker's (it lapsed, was reclaimed or cancelled) or the store
+        failed; the job runs again elsewhere or already did.
+    """
+
+    succeeded: int = 0
+    retried: int = 0
+    dead: int = 0
+    lost: int = 0
+
+    @property
+    def total(self) -> int:
+        """Every job whose handler finished."""
+        return self.succeeded + self.retried + self.dead + self.lost
+
+
+def describe_exception(exc: BaseException) -> str:
+    """The ``last_error`` of a job whose handler raised ``exc``: the
+    exception's type and message on the first line (``"ValueError: boom"``),
+    then a blank line and the traceback."""
+    head = "".join(traceback.format_exception_only(exc)).strip()
+    trace = "".join(traceback.format_exception(exc)).rstrip()
+    return f"{head}\n\n{trace}"
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"[-255:]
+
+
+class Worker:
+    """Runs an :class:`App`'s tasks from its queues (docs/tasks-and-workers.md).
+
+    Make one with :meth:`App.worker`. :meth:`run` blocks until :meth:`stop`
+    (from any thread) or SIGTERM/SIGINT; ``run(burst=True)`` returns once no
+    job is ready and none is running, as RQ's burst mode does.
+
+    While running, the worker claims with ``claim_batch`` up to its free
+    slots, queue by queue in the order given (earlier queues first, as RQ
+    orders them); when nothing is ready it waits for a wake from
+    ``Store.listen`` and re-polls every ``poll_interval_s`` regardless. Each
+    job runs on a thread of the pool and is heartbeaten every third of its
+    visibility timeout. Its outcome (SPEC §3 "Claim identity and handle
+    validity"):
+
+    - the handler returns: ``ack()``;
+    - it raises :class:`Fail`: ``fail(message)``, dead at once;
+    - it raises :class:`Retry`: ``retry(message, delay)``;
+    - it raises anything else: ``retry(error)`` with the queue's backoff,
+      ``error`` being :func:`describe_exception`'s text;
+    - the payload is not a task payload, or names a task the app does not
+      have: ``fail(...)`` with a message saying so.
+
+    A retry at the job's ``max_attempts`` dead-letters it (SPEC §3). Each
+    outcome is one record on the ``alkstore.worker`` logger with the extra
+    fields ``queue``, ``job_id``, ``task``, ``attempt``, ``duration_s`` and
+    ``outcome``.
+
+    Stopping (:meth:`stop`, or the first SIGTERM/SIGINT when :meth:`run` is
+    called from the main thread): claim nothing more, let running jobs finish
+    within ``grace_period_s``, then return. A second signal ends the grace
+    period at once. Jobs still running then stop being heartbeaten: their
+    claims lapse and another worker reclaims them, so nothing is lost
+    (at-least-once).
+
+    Parameters
+    ----------
+    app
+        The app whose tasks run.
+    queues
+        Queue names in priority order (a single ``str`` is one queue);
+        ``None`` for every queue of the app's tasks.
+    concurrency
+        How many jobs run at once, each on its own thread; ``1 .. 1024``.
+    poll_interval_s
+        Seconds between claim attempts when no wake arrives, ``> 0``
+        (default 1).
+    grace_period_s
+        Seconds running jobs get to finish after a stop, ``>= 0``
+        (default 30).
+    sweep_interval_s
+        Seconds between ``Queue.sweep_expired`` calls on each queue, ``> 0``
+        (default 60); ``None`` never sweeps.
+    worker_id
+        Recorded on claimed rows; default ``host:pid:random``.
+    handle_signals
+        ``False`` never installs SIGTERM/SIGINT handlers.
+
+    Raises
+    ------
+    ValidationError
+        For an option outside its rule, a bad queue name, or no queue.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        queues: Iterable[str] | str | None = None,
+        concurrency: int = 1,
+        *,
+        poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
+        grace_period_s: float = DEFAULT_GRACE_PERIOD_S,
+        sweep_interval_s: float | None = DEFAULT_SWEEP_INTERVAL_S,
+        worker_id: str | None = None,
+        handle_signals: bool = True,
+    ) -> None:
+        if queues is None:
+            names = app.queue_names
+        elif isinstance(queues, str):
+            names = [queues]
+        else:
+            names = list(queues)
+        names = list(dict.fromkeys(v.queue_name(name) for name in names))
+        if not names:
+            raise ValidationError(
+                "no queue to work: register a task on the app or pass queues=[...]"
+            )
+        self._app = app
+        self._queue_names = names
+        self._concurrency = v.int_in_range(concurrency, "concurrency", 1, 1024)
+        self._poll_interval_s = v.duration_s(poll_interval_s, "poll_interval_s", positive=True)
+        self._grace_period_s = v.duration_s(grace_period_s, "grace_period_s")
+        self._sweep_interval_s = (
+            None
+            if sweep_interval_s is None
+            else v.duration_s(sweep_interval_s, "sweep_interval_s", positive=True)
+        )
+        self._worker_id = v.worker_id(_default_worker_id() if worker_id is None else worker_id)
+        if not isinstance(handle_signals, bool):
+            raise ValidationError("handle_signals must be a bool")
+        self._handle_signals = handle_signals
+
+        # One re-entrant lock for the loop's state: the signal handler runs in
+        # the main thread, possibly while that thread holds it.
+        self._cond = threading.Condition(threading.RLock())
+        self._started = False
+        self._stopping = False
+        self._aborting = False
+        self._woken = False
+        self._running: dict[int, JobHandle] = {}
+        self._tokens = itertools.count()
+        self._counts: dict[Outcome, int] = dict.fromkeys(WorkerCounts._fields, 0)  # type: ignore[arg-type]
+        self._tasks: dict[str, Task[Any, Any]] = {}
+        self._heartbeater = Heartbeater(f"alkstore-heartbeat-{self._worker_id}")
+
+    def __repr__(self) -> str:
+        return (
+            f"<Worker {self._worker_id!r} queues={self._queue_names} "
+            f"concurrency={self._concurrency}>"
+        )
+
+    # -- state ---------------------------------------------------------------
+
+    @property
+    def worker_id(self) -> str:
+        """The id recorded on the rows this worker claims."""
+        return self._worker_id
+
+    @property
+    def queues(self) -> list[str]:
+        """The queue names worked, in priority order."""
+        return list(self._queue_names)
+
+    @property
+    def concurrency(self) -> int:
+        """How many jobs run at once."""
+        return self._concurrency
+
+    @property
+    def counts(self) -> WorkerCounts:
+        """The outcomes so far (a snapshot)."""
+        with self._cond:
+            return WorkerCounts(**self._counts)
+
+    @property
+    def running(self) -> int:
+        """How many jobs are running now."""
+        with self._cond:
+            return len(self._running)
+
+    # -- control -------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to stop: claim nothing more, let running jobs
+        finish within the grace period, then return. Safe from any thread,
+        before or during :meth:`run`; idempotent."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+
+    def _stop_requested(self) -> bool:
+        return self._stopping
+
+    def _on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        with self._cond:
+            if not self._stopping:
+                log.info(
+                    "%s received: stopping; running jobs have %.0f s to finish "
+                    "(send it again to stop now)",
+                    name,
+                    self._grace_period_s,
+                )
+                self._stopping = True
+            else:
+                log.warning("%s received again: leaving running jobs to lapse", name)
+                self._aborting = True
+            self._cond.notify_all()
+
+    def run(self, burst: bool = False) -> WorkerCounts:
+        """Work until stopped (or, with ``burst``, until no job is ready).
+
+        Parameters
+        ----------
+        burst
+            Return once a claim finds no ready job on any queue and no job
+            is running (RQ's ``--burst``). Jobs retried with a delay are not
+            ready, so they are left for later.
+
+        Returns
+        -------
+        WorkerCounts
+            How the jobs it ran ended.
+
+        Raises
+        ------
+        RuntimeError
+            If this worker already ran (a worker runs once).
+        StoreClosedError
+            If the app's store is closed while the worker runs.
+        UnknownEngineError, SchemaVersionError, EngineError, ValidationError
+            If the app's store cannot be opened.
+        """
+        with self._cond:
+            if self._started:
+                raise RuntimeError("a Worker runs once; make another with app.worker()")
+            self._started = True
+        queues = [self._app.queue(name) for name in self._queue_names]
+        self._tasks = dict(self._app.tasks)
+        subscriptions = [] if burst else [self._app.store.listen(q) for q in self._queue_names]
+        listeners = [
+            threading.Thread(
+                target=self._listen, args=(sub,), name=f"alkstore-listen-{sub.queue_name}"
+            )
+            for sub in subscriptions
+        ]
+        pool = DaemonPool(self._concurrency, f"alkstore-job-{self._worker_id}")
+        log.info(
+            "worker %s started: queues %s, concurrency %d%s",
+            self._worker_id,
+            ", ".join(self._queue_names),
+            self._concurrency,
+            ", burst" if burst else "",
+        )
+        self._heartbeater.start()
+        try:
+            with stop_signals(self._on_signal, install=self._handle_signals):
+                for thread in listeners:
+                    thread.daemon = True
+                    thread.start()
+                try:
+                    self._loop(queues, pool, burst)
+                finally:
+                    self._drain()
+        finally:
+            self._heartbeater.stop()
+            pool.shutdown()
+            self.stop()
+            for thread in listeners:
+                thread.join(_LISTEN_SLICE_S * 4)
+            for sub in subscriptions:
+                sub.close()
+        counts = self.counts
+        log.info(
+            "worker %s stopped: %d succeeded, %d retried, %d dead, %d lost",
+            self._worker_id,
+            *counts,
+        )
+        return counts
+
+    # -- the claim loop ------------------------------------------------------
+
+    def _loop(self, queues: list[Queue], pool: DaemonPool, burst: bool) -> None:
+        next_sweep = time.monotonic() if self._sweep_interval_s is not None else math.inf
+        while True:
+            with self._cond:
+                while not self._stopping and len(self._running) >= self._concurrency:
+                    self._cond.wait(self._poll_interval_s)
+                if self._stopping:
+                    return
+                free = self._concurrency - len(self._running)
+                # Cleared before claiming, so a wake arriving during the claim
+                # keeps the flag set and the next wait returns at once.
+                self._woken = False
+            if time.monotonic() >= next_sweep:
+                self._sweep(queues)
+                next_sweep = time.monotonic() + (self._sweep_interval_s or math.inf)
+            claimed, failed = self._claim_round(queues, free, pool)
+            with self._cond:
+                if self._stop_requested():  # stop() may have run meanwhile
+                    return
+                if claimed == free:
+                    continue  # every slot filled: more may be ready
+                if burst and not claimed and not failed and not self._running:
+                    return
+                timeout = _ERROR_PAUSE_S if failed else self._poll_interval_s
+                timeout = min(timeout, max(0.0, next_sweep - time.monotonic()))
+                self._cond.wait_for(lambda: self._woken or self._stopping, timeout)
+
+    def _claim_round(self, queues: list[Queue], free: int, pool: DaemonPool) -> tuple[int, bool]:
+        claimed, failed = 0, False
+        for queue in queues:
+            want = free - claimed
+            if want <= 0:
+                break
+            try:
+                handles = queue.claim_batch(self._worker_id, want)
+            except StoreClosedError:
+                raise
+            except Exception:
+                log.exception("claiming from queue %r failed; retrying", queue.name)
+                failed = True
+                continue
+            for handle in handles:
+                self._start(handle, pool)
+            claimed += len(handles)
+        return claimed, failed
+
+    def _sweep(self, queues: list[Queue]) -> None:
+        for queue in queues:
+            try:
+                result = queue.sweep_expired()
+            except StoreClosedError:
+                raise
+            except Exception:
+                log.exception("sweeping queue %r failed", queue.name)
+                continue
+            if result.expired or result.purged:
+                log.info(
+                    "queue %r: %d expired job(s) dead-lettered, %d dead job(s) purged",
+                    queue.name,
+                    result.expired,
+                    result.purged,
+                )
+
+    def _listen(self, subscription: Subscription) -> None:
+        while True:
+            with self._cond:
+                if self._stopping:
+                    return
+            try:
+                woken = subscription.wait(min(self._poll_interval_s, _LISTEN_SLICE_S))
+            except StoreClosedError:
+                return
+            except Exception:
+                # SPEC §3: a subscription re-establishes itself; the loop's
+                # re-poll covers the gap meanwhile.
+                log.warning(
+                    "waiting for wakes of %r failed", subscription.queue_name, exc_info=True
+                )
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stopping, _ERROR_PAUSE_S)
+                continue
+            if woken:
+                with self._cond:
+                    self._woken = True
+                    self._cond.notify_all()
+
+    def _drain(self) -> None:
+        """Wait up to the grace period for running jobs; report the rest."""
+        with self._cond:
+            self._stopping = True
+            deadline = time.monotonic() + self._grace_period_s
+            while self._running and not self._aborting:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            left = sorted(handle.id for handle in self._running.values())
+        if left:
+            log.warning(
+                "worker %s exits with %d job(s) still running (ids %s): they are no "
+                "longer heartbeaten and will be reclaimed once their claims lapse",
+                self._worker_id,
+                len(left),
+                ", ".join(map(str, left)),
+            )
+
+    # -- one job -------------------------------------------------------------
+
+    def _start(self, handle: JobHandle, pool: DaemonPool) -> None:
+        token = next(self._tokens)
+        beat = self._heartbeater.add(handle)
+        with self._cond:
+            self._running[token] = handle
+        pool.submit(lambda: self._execute(token, handle, beat))
+
+    def _execute(self, token: int, handle: JobHandle, beat: Beat) -> None:
+        started = time.monotonic()
+        task_name = "?"
+        action: Literal["ack", "retry", "fail"] = "ack"
+        error: str | None = None
+        delay_s: float | None = None
+        exc_info: BaseException | None = None
+        try:
+            call = parse_task_payload(handle.payload)
+        except ValueError as exc:  # no retry can fix the payload itself
+            action, error = "fail", str(exc)
+        else:
+            task_name = call.name
+            task = self._tasks.get(call.name)
+            if task is None:  # registered after the run started?
+                self._tasks = dict(self._app.tasks)
+                task = self._tasks.get(call.name)
+            if task is None:
+                known = ", ".join(sorted(self._app.tasks)) or "none"
+                action, error = (
+                    "fail",
+                    (
+                        f"unknown task {call.name!r}: this worker's app has no task of "
+                        f"that name (its tasks: {known})"
+                    ),
+                )
+            else:
+                try:
+                    task.func(*call.args, **call.kwargs)
+                except Fail as exc:
+                    action, error = "fail", exc.message
+                except Retry as exc:
+                    action, error, delay_s = "retry", exc.message, exc.delay_s
+                except BaseException as exc:
+                    action, error, exc_info = "retry", describe_exception(exc), exc
+        duration_s = time.monotonic() - started
+        self._heartbeater.remove(beat)
+        try:
+            if action == "ack":
+                took = handle.ack()
+            elif action == "retry":
+                assert error is not None
+                took = handle.retry(error, delay_s)
+            else:
+                took = handle.fail(error)
+        except Exception:
+            log.exception("recording the outcome of job %s of %r failed", handle.id, handle.queue)
+            took = False
+        outcome: Outcome
+        if not took:
+            outcome = "lost"
+        elif action == "ack":
+            outcome = "succeeded"
+        elif action == "fail" or handle.attempts >= handle.max_attempts:
+            outcome = "dead"
+        else:
+            outcome = "retried"
+        self._record(
+            handle=handle,
+            task_name=task_name,
+            outcome=outcome,
+            action=action,
+            error=error,
+            duration_s=duration_s,
+            exc_info=exc_info,
+        )
+        with self._cond:
+            del self._running[token]
+            self._counts[outcome] += 1
+            self._woken = True
+            self._cond.notify_all()
+
+    def _record(
+        self,
+        *,
+        handle: JobHandle,
+        task_name: str,
+        outcome: Outcome,
+        action: str,
+        error: str | None,
+        duration_s: float,
+        exc_info: BaseException | None,
+    ) -> None:
+        level = {"succeeded": logging.INFO, "dead": logging.ERROR}.get(outcome, logging.WARNING)
+        if not log.isEnabledFor(level):
+            return
+        extra: dict[str, Any] = {
+            "queue": handle.queue,
+            "job_id": handle.id,
+            "task": task_name,
+            "attempt": handle.attempts,
+            "duration_s": duration_s,
+            "outcome": outcome,
+        }
+        where = (
+            f"job {handle.id} of {handle.queue!r} ({task_name}) {outcome}: "
+            f"attempt {handle.attempts} of {handle.max_attempts}, {duration_s:.3f} s"
+        )
+        first_line = (error or "").split("\n", 1)[0]
+        if outcome == "succeeded":
+            log.info("%s", where, extra=extra)
+        elif outcome == "lost":
+            log.warning(
+                "%s; its claim was no longer this worker's, so the outcome was not recorded",
+                where,
+                extra=extra,
+            )
+        elif outcome == "retried":
+            log.warning("%s; %s", where, first_line, extra=extra, exc_info=exc_info)
+        else:
+            if action == "retry":
+                first_line = f"max attempts exceeded; last error: {first_line}"
+            log.error("%s; %s", where, first_line or "failed", extra=extra, exc_info=exc_info)

@@ -1,0 +1,403 @@
+"""The ``alkstore`` command (docs/command.md), built with click.
+
+Importing :mod:`alkstore` does not import this module (nor click): only the
+console script and ``python -m alkstore`` do.
+
+Every command takes the store from ``--url``, else ``$ALKSTORE_URL``, else
+the embedded ``sqlite:///alkstore.db`` (SPEC §1). The store has no list of
+its queues, so the commands that read queues are told which: by ``--queue``
+options, or by ``--app MODULE:APP`` (``$ALKSTORE_APP``), whose tasks name
+their queues. Errors print one line on stderr and exit with status 1.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import importlib
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import Any, NoReturn
+from urllib.parse import urlsplit, urlunsplit
+
+import click
+
+import alkstore
+from alkstore._app import App
+from alkstore._job import Job, QueueStats
+from alkstore._queue import Queue
+from alkstore._store import Store
+from alkstore._worker import DEFAULT_GRACE_PERIOD_S, DEFAULT_POLL_INTERVAL_S
+from alkstore.errors import AlkstoreError
+
+__all__ = ["cli", "load_app", "main", "redact_url"]
+
+#: The environment variable naming the app of ``--app``.
+APP_ENV = "ALKSTORE_APP"
+STATS_COLUMNS = ("pending", "scheduled", "processing", "dead")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***``, for messages."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _fail(message: str) -> NoReturn:
+    raise click.ClickException(message)
+
+
+@contextlib.contextmanager
+def _errors() -> Iterator[None]:
+    """Turn alkstore's errors into one line on stderr and exit status 1."""
+    try:
+        yield
+    except AlkstoreError as exc:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        _fail(f"{text} ({type(exc).__name__})")
+
+
+def load_app(spec: str) -> App:
+    """Import the :class:`App` named by ``MODULE:ATTR`` (``MODULE`` alone
+    means ``MODULE:app``), after putting the current directory first on
+    ``sys.path`` as Celery and uvicorn do.
+
+    Raises
+    ------
+    click.ClickException
+        If the module cannot be imported or the attribute is not an App.
+    """
+    module_name, _, attr = spec.partition(":")
+    attr = attr or "app"
+    if not module_name:
+        _fail(f"{spec!r} names no module; expected MODULE:APP, e.g. myproject.jobs:app")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        _fail(f"cannot import {module_name!r}: {exc}")
+    found: object = module
+    for part in attr.split("."):
+        try:
+            found = getattr(found, part)
+        except AttributeError:
+            _fail(f"module {module_name!r} has no attribute {attr!r}")
+    if not isinstance(found, App):
+        _fail(f"{spec} is a {type(found).__name__}, not an alkstore.App")
+    return found
+
+
+class _Context:
+    """What the group passes to its commands."""
+
+    def __init__(self, url: str | None, url_from_command_line: bool) -> None:
+        self.url = url
+        self.url_from_command_line = url_from_command_line
+
+    def app(self, spec: str) -> App:
+        """Load an app; a ``--url`` on the command line overrides its URL."""
+        app = load_app(spec)
+        if self.url_from_command_line:
+            try:
+                app.configure(self.url)
+            except RuntimeError as exc:
+                _fail(str(exc))
+        return app
+
+    def open(self, *, migrate: bool = True) -> Store:
+        return alkstore.open(self.url, migrate=migrate)
+
+
+def _queues_of(
+    ctx: _Context, names: Sequence[str], app_spec: str | None, *, migrate: bool
+) -> tuple[contextlib.ExitStack, list[Queue]]:
+    """Open the store and the queues named by ``--queue`` and ``--app``."""
+    if not names and not app_spec:
+        _fail(
+            "name the queues: --queue NAME (repeatable) or --app MODULE:APP "
+            f"(or ${APP_ENV}); a store keeps no list of its queues"
+        )
+    stack = contextlib.ExitStack()
+    if app_spec:
+        app = stack.enter_context(ctx.app(app_spec))
+        all_names = list(dict.fromkeys([*names, *app.queue_names]))
+        return stack, [app.queue(name) for name in all_names]
+    store = stack.enter_context(ctx.open(migrate=migrate))
+    return stack, [store.queue(name) for name in dict.fromkeys(names)]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--url",
+    envvar="ALKSTORE_URL",
+    metavar="URL",
+    help="The store: sqlite:///path.db or postgresql://... "
+    "[default: $ALKSTORE_URL, else sqlite:///alkstore.db]",
+)
+@click.version_option(alkstore.__version__, prog_name="alkstore")
+@click.pass_context
+def cli(click_ctx: click.Context, url: str | None) -> None:
+    """Run and inspect alkstore jobs."""
+    source = click_ctx.get_parameter_source("url")
+    click_ctx.obj = _Context(url, source is click.core.ParameterSource.COMMANDLINE)
+
+
+@cli.command()
+@click.argument("app_spec", metavar="MODULE:APP")
+@click.option(
+    "-q",
+    "--queue",
+    "queues",
+    multiple=True,
+    metavar="QUEUE",
+    help="A queue to work, repeatable, in priority order [default: every queue of the app]",
+)
+@click.option(
+    "-c",
+    "--concurrency",
+    type=click.IntRange(1, 1024),
+    default=1,
+    show_default=True,
+    help="Jobs run at once (threads).",
+)
+@click.option("--burst", is_flag=True, help="Exit once no job is ready (RQ's burst mode).")
+@click.option(
+    "--poll-interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_POLL_INTERVAL_S,
+    show_default=True,
+    metavar="SECONDS",
+    help="Re-poll this often when no wake arrives.",
+)
+@click.option(
+    "--grace-period",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_GRACE_PERIOD_S,
+    show_default=True,
+    metavar="SECONDS",
+    help="On SIGTERM/SIGINT, running jobs get this long to finish.",
+)
+@click.option(
+    "--worker-id", metavar="ID", help="Recorded on claimed jobs [default: host:pid:random]"
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+)
+@click.pass_obj
+def worker(
+    ctx: _Context,
+    *,
+    app_spec: str,
+    queues: tuple[str, ...],
+    concurrency: int,
+    burst: bool,
+    poll_interval: float,
+    grace_period: float,
+    worker_id: str | None,
+    log_level: str,
+) -> None:
+    """Run the tasks of the App MODULE:APP until SIGTERM/SIGINT.
+
+    MODULE is imported with the current directory on sys.path; APP defaults
+    to "app". The first SIGTERM or SIGINT stops claiming and lets running
+    jobs finish within the grace period; a second one exits at once, leaving
+    them to be reclaimed.
+    """
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=log_level.upper(),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
+    app = ctx.app(app_spec)
+    with _errors(), app:
+        runner = app.worker(
+            list(queues) or None,
+            concurrency,
+            poll_interval_s=poll_interval,
+            grace_period_s=grace_period,
+            worker_id=worker_id,
+        )
+        logging.getLogger("alkstore.worker").info(
+            "worker %s on %s", runner.worker_id, redact_url(app.url)
+        )
+        runner.run(burst=burst)
+
+
+@cli.command()
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("payload", metavar="JSON")
+@click.option("--delay", type=click.FloatRange(min=0), metavar="SECONDS", help="Due this later.")
+@click.option("--priority", type=int, help="Higher is claimed first [default: the queue's].")
+@click.option("--max-attempts", type=int, help="Claims the job may consume.")
+@click.option("--expires", type=float, metavar="SECONDS", help="Expire unrun after this long.")
+@click.option(
+    "--app",
+    "app_spec",
+    envvar=APP_ENV,
+    metavar="MODULE:APP",
+    help="Stamp the queue options this app gives QUEUE [default: QueueOpts()]",
+)
+@click.pass_obj
+def enqueue(
+    ctx: _Context,
+    *,
+    queue_name: str,
+    payload: str,
+    delay: float | None,
+    priority: int | None,
+    max_attempts: int | None,
+    expires: float | None,
+    app_spec: str | None,
+) -> None:
+    """Add a job whose payload is JSON to QUEUE; print its id.
+
+    A worker runs it when the payload names a task:
+    '{"task": "jobs.send", "args": [1], "kwargs": {}}'.
+    """
+    try:
+        value = json.loads(payload)
+    except ValueError as exc:
+        _fail(f"JSON is not valid JSON: {exc}")
+    with _errors():
+        stack, handles = _queues_of(ctx, [queue_name], app_spec, migrate=True)
+        with stack:
+            job_id = handles[0].enqueue(
+                value, delay=delay, priority=priority, max_attempts=max_attempts, expires=expires
+            )
+    click.echo(job_id)
+
+
+def _stats_table(rows: Sequence[tuple[str, QueueStats]]) -> str:
+    header = ("queue", *STATS_COLUMNS)
+    cells = [header, *((name, *map(str, stats)) for name, stats in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = []
+    for row in cells:
+        first = row[0].ljust(widths[0])
+        rest = (cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True))
+        lines.append("  ".join((first, *rest)))
+    return "\n".join(lines)
+
+
+@cli.command()
+@click.option("-q", "--queue", "queues", multiple=True, metavar="QUEUE", help="Repeatable.")
+@click.option("--app", "app_spec", envvar=APP_ENV, metavar="MODULE:APP", help="Its queues.")
+@click.option("--watch", is_flag=True, help="Redraw every --interval until Ctrl-C.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=2.0,
+    show_default=True,
+    metavar="SECONDS",
+)
+@click.pass_obj
+def stats(
+    ctx: _Context, *, queues: tuple[str, ...], app_spec: str | None, watch: bool, interval: float
+) -> None:
+    """Show pending, scheduled, processing and dead counts per queue.
+
+    pending: due now; scheduled: due later (delayed or backing off);
+    processing: claimed by a worker; dead: dead letters.
+    """
+    with _errors():
+        stack, handles = _queues_of(ctx, queues, app_spec, migrate=False)
+        with stack:
+            if not watch:
+                click.echo(_stats_table([(q.name, q.stats()) for q in handles]))
+                return
+            try:
+                while True:
+                    table = _stats_table([(q.name, q.stats()) for q in handles])
+                    click.clear()
+                    now = datetime.now().astimezone()
+                    click.echo(f"{now:%Y-%m-%d %H:%M:%S %Z}  (Ctrl-C to stop)\n{table}")
+                    time.sleep(interval)
+            except KeyboardInterrupt:
+                return
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return {"base64": base64.b64encode(value).decode("ascii")}
+    return value
+
+
+def _job_fields(job: Job) -> dict[str, Any]:
+    fields = {f.name: getattr(job, f.name) for f in dataclasses.fields(job)}
+    del fields["payload_bytes"]
+    return {name: _jsonable(value) for name, value in fields.items()}
+
+
+@cli.command()
+@click.argument("job_id", metavar="ID", type=int)
+@click.option("-q", "--queue", "queues", multiple=True, metavar="QUEUE", help="Where to look.")
+@click.option("--app", "app_spec", envvar=APP_ENV, metavar="MODULE:APP", help="Its queues.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_obj
+def job(
+    ctx: _Context, *, job_id: int, queues: tuple[str, ...], app_spec: str | None, as_json: bool
+) -> None:
+    """Show the job ID (live or dead) of the given queues.
+
+    Job ids are unique within a store, but every read is scoped to a queue
+    (SPEC §2), so the job is looked up in each queue named by --queue and
+    --app, in order.
+    """
+    with _errors():
+        stack, handles = _queues_of(ctx, queues, app_spec, migrate=False)
+        with stack:
+            found = next((j for q in handles if (j := q.get_job(job_id)) is not None), None)
+    if found is None:
+        names = ", ".join(q.name for q in handles)
+        _fail(f"no job {job_id} in queue(s) {names}")
+    fields = _job_fields(found)
+    if as_json:
+        click.echo(json.dumps(fields, ensure_ascii=False, indent=2))
+        return
+    width = max(map(len, fields))
+    for name, value in fields.items():
+        if name == "payload" and found.content_type != "application/json":
+            text = f"<{len(found.payload_bytes)} bytes>"
+        elif name != "payload" and value is None:
+            text = "-"
+        elif name != "payload" and isinstance(value, str):
+            text = value
+        else:
+            text = json.dumps(value, ensure_ascii=False)
+        first, *rest = str(text).split("\n") or [""]
+        click.echo(f"{name.ljust(width)}  {first}")
+        for line in rest:
+            click.echo(f"{' ' * width}  {line}")
+
+
+@cli.command()
+@click.pass_obj
+def migrate(ctx: _Context) -> None:
+    """Create or upgrade the store's schema (idempotent)."""
+    with _errors(), ctx.open() as store:
+        store.migrate()
+    click.echo("schema is up to date")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the command (the ``alkstore`` console script)."""
+    cli.main(args=None if argv is None else list(argv), prog_name="alkstore")

@@ -1,0 +1,256 @@
+"""Tasks and the App (docs/tasks-and-workers.md "Tasks")."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import alkstore
+from alkstore import App, QueueOpts, Task, UnknownEngineError, ValidationError
+from alkstore._task import default_task_name, parse_task_payload, task_payload
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'app.db'}"
+
+
+@pytest.fixture
+def app(url: str) -> App:
+    with App(url) as made:
+        yield made
+
+
+def add(a: int, b: int = 0) -> int:
+    """Add two numbers."""
+    return a + b
+
+
+def test_the_store_opens_on_first_use_only() -> None:
+    app = App("nosuch://anywhere")
+    app.task(add)
+    assert app.url == "nosuch://anywhere"
+    with pytest.raises(UnknownEngineError):
+        _ = app.store
+
+
+def test_url_defaults_to_the_environment_then_the_embedded_file(
+    monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    monkeypatch.delenv("ALKSTORE_URL", raising=False)
+    assert App().url == alkstore.DEFAULT_URL
+    monkeypatch.setenv("ALKSTORE_URL", url)
+    app = App()
+    assert app.url == url
+    with app:
+        assert app.store is app.store
+        monkeypatch.setenv("ALKSTORE_URL", "sqlite:///elsewhere.db")
+        assert app.url == url  # resolved once, when the store opened
+
+
+def test_configure_before_first_use_only(url: str, tmp_path: Path) -> None:
+    app = App("sqlite:///never.db")
+    app.configure(url)
+    assert app.url == url
+    with app:
+        _ = app.store
+        with pytest.raises(RuntimeError, match="already open"):
+            app.configure(f"sqlite:///{tmp_path / 'other.db'}")
+    assert not Path("never.db").exists()
+
+
+def test_an_app_over_a_given_store_leaves_it_open(url: str) -> None:
+    with alkstore.open(url) as store:
+        app = App(store=store)
+        assert app.store is store
+        assert app.url == ""
+        app.close()
+        assert not store.closed
+        with pytest.raises(RuntimeError):
+            app.configure(url)
+    with pytest.raises(ValidationError, match="either"):
+        App(url, store=store)
+    with pytest.raises(ValidationError, match="Store"):
+        App(store="not a store")  # type: ignore[arg-type]
+
+
+def test_register_with_and_without_parentheses(app: App) -> None:
+    plain = app.task(add)
+    assert isinstance(plain, Task)
+    assert plain.name == f"{__name__}.add"
+    assert plain.queue == "default"
+
+    @app.task(queue="maths", name="mul")
+    def mul(a: int, b: int) -> int:
+        return a * b
+
+    assert (mul.name, mul.queue) == ("mul", "maths")
+    assert app.tasks == {plain.name: plain, "mul": mul}
+    assert app.queue_names == ["default", "maths"]
+
+
+def test_calling_a_task_runs_the_function_in_process(app: App) -> None:
+    task = app.task(add)
+    assert task(2, b=3) == 5
+    assert task.__doc__ == "Add two numbers."
+    assert task.__name__ == "add"
+    assert task.__wrapped__ is add
+
+
+def test_registration_errors(app: App) -> None:
+    app.task(add)
+    with pytest.raises(ValidationError, match="already registered"):
+        app.task(add)
+    with pytest.raises(ValidationError, match="queue name"):
+        app.task(queue="bad name")
+    with pytest.raises(ValidationError, match="reserved"):
+        app.task(queue="__alkstore_x")
+    with pytest.raises(ValidationError, match="max_attempts"):
+        app.task(queue="q", max_attempts=0)
+    with pytest.raises(ValidationError, match=r"unknown queue option.*visibility"):
+        app.task(queue="q", visibility=3)
+    with pytest.raises(ValidationError, match="non-empty"):
+        app.task(name="")(add)
+    with pytest.raises(ValidationError, match="callable"):
+        app.task(name="x")(42)  # type: ignore[arg-type]
+
+
+def test_tasks_on_one_queue_share_its_options(app: App) -> None:
+    app.task(queue="q", name="a")(add)
+    app.task(queue="q", name="b", max_attempts=3)(add)
+    app.task(queue="q", name="c", max_attempts=3)(add)
+    app.task(queue="q", name="d")(add)
+    assert app.queue_opts("q") == QueueOpts(max_attempts=3)
+    assert app.queue("q").opts == QueueOpts(max_attempts=3)
+    with pytest.raises(ValidationError, match="already has options"):
+        app.task(queue="q", name="e", max_attempts=4)(add)
+    assert "e" not in app.tasks
+    assert app.queue_opts("unknown") == QueueOpts()
+
+
+def test_options_returns_a_configured_copy(app: App) -> None:
+    task = app.task(add)
+    later = task.options(delay=5, priority=2)
+    again = later.options(priority=9, max_attempts=2)
+    assert task.enqueue_options == {}
+    assert later.enqueue_options == {"delay": 5, "priority": 2}
+    assert again.enqueue_options == {"delay": 5, "priority": 9, "max_attempts": 2}
+    assert (again.name, again.queue, again.func) == (task.name, task.queue, task.func)
+    assert "priority=9" in repr(again)
+    for bad in ({"delay": -1}, {"priority": True}, {"run_at": "tomorrow"}, {"expires": 0}):
+        with pytest.raises(ValidationError):
+            task.options(**bad)
+
+
+def test_enqueue_stores_the_task_payload(app: App) -> None:
+    task = app.task(add)
+    job_id = task.enqueue(1, b=2)
+    job = app.queue("default").get_job(job_id)
+    assert job is not None
+    assert job.payload == {"task": task.name, "args": [1], "kwargs": {"b": 2}}
+    assert job.payload == task.payload(1, b=2)
+    assert job.content_type == "application/json"
+
+
+def test_enqueue_with_options(app: App) -> None:
+    task = app.task(queue="q", visibility_timeout_s=7)(add)
+    job = app.queue("q").get_job(task.options(priority=4, max_attempts=2, delay=60).enqueue(1))
+    assert job is not None
+    assert (job.priority, job.max_attempts, job.visibility_timeout_s) == (4, 2, 7)
+    assert job.run_at > job.enqueued_at
+    assert app.queue("q").stats().scheduled == 1
+
+
+def test_arguments_that_are_not_json_are_refused_before_anything_is_stored(app: App) -> None:
+    task = app.task(add)
+    for bad in ((1, 2), {1, 2}, b"raw", float("inf"), {3: "x"}):
+        with pytest.raises(ValidationError):
+            task.enqueue(bad)
+    with pytest.raises(ValidationError):
+        task.enqueue_many([(1,), (object(),)])
+    with pytest.raises(ValidationError, match="list or tuple"):
+        task.enqueue_many([1])  # type: ignore[list-item]
+    assert tuple(app.queue("default").stats()) == (0, 0, 0, 0)
+
+
+def test_enqueue_many_is_one_call_per_item(app: App) -> None:
+    task = app.task(add)
+    ids = task.options(priority=3).enqueue_many([(1,), [2, 3]])
+    jobs = [app.queue("default").get_job(i) for i in ids]
+    assert [j.payload["args"] for j in jobs if j] == [[1], [2, 3]]
+    assert all(j is not None and j.priority == 3 for j in jobs)
+    assert task.enqueue_many([]) == []
+
+
+def test_enqueue_tx_uses_the_callers_transaction(app: App, url: str) -> None:
+    import sqlite3
+
+    task = app.task(add)
+    path = url.removeprefix("sqlite:///")
+    _ = app.store  # creates the schema
+    conn = sqlite3.connect(path, isolation_level=None, timeout=30)
+    try:
+        conn.execute("BEGIN")
+        job_id = task.options(priority=5).enqueue_tx(conn, 1, b=1)
+        conn.execute("ROLLBACK")
+        assert app.queue("default").get_job(job_id) is None
+        conn.execute("BEGIN")
+        job_id = task.enqueue_tx(conn, 2)
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    job = app.queue("default").get_job(job_id)
+    assert job is not None
+    assert job.payload["args"] == [2]
+
+
+def test_close_then_use_reopens(app: App) -> None:
+    task = app.task(add)
+    first = app.store
+    app.close()
+    assert first.closed
+    assert app.queue("default").get_job(task.enqueue(1)) is not None
+    assert app.store is not first
+
+
+def test_task_payload_helpers() -> None:
+    payload = task_payload("t", (1, 2), {"k": "v"})
+    assert payload == {"task": "t", "args": [1, 2], "kwargs": {"k": "v"}}
+    assert parse_task_payload(payload) == ("t", [1, 2], {"k": "v"})
+    assert parse_task_payload({"task": "bare"}) == ("bare", [], {})
+    for bad, message in (
+        ([1], "not a task payload"),
+        ({"args": []}, '"task"'),
+        ({"task": ""}, '"task"'),
+        ({"task": "t", "args": {}}, '"args"'),
+        ({"task": "t", "kwargs": []}, '"kwargs"'),
+        (b"bytes", "not a task payload"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            parse_task_payload(bad)
+
+
+def test_default_names_of_script_functions_follow_the_module_name(tmp_path: Path) -> None:
+    """A function in a script run as ``python jobs.py`` is named ``jobs.f``,
+    as ``alkstore worker jobs:app`` would import it."""
+    script = tmp_path / "jobs.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            from alkstore._task import default_task_name
+            def f(): pass
+            class C:
+                def m(self): pass
+            print(default_task_name(f), default_task_name(C.m))
+            """
+        )
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.split() == ["jobs.f", "jobs.C.m"]
+    assert default_task_name(add) == f"{__name__}.add"

@@ -1,0 +1,305 @@
+"""The ``alkstore`` command, run in subprocesses on SQLite (docs/command.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import alkstore
+from alkstore.cli import redact_url
+
+WAIT_S = 60.0
+
+JOBS = textwrap.dedent(
+    """
+    import os, time
+    from pathlib import Path
+    import alkstore
+
+    app = alkstore.App()
+    HERE = Path(__file__).parent
+
+    @app.task(queue="mail", name="send", max_attempts=3)
+    def send(to):
+        (HERE / f"sent-{to}").write_text(to)
+
+    @app.task(queue="mail", name="slow")
+    def slow(name):
+        (HERE / f"started-{name}").write_text("")
+        deadline = time.monotonic() + 60
+        while not (HERE / "release").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (HERE / f"done-{name}").write_text("")
+
+    other = alkstore.App("sqlite:///other.db")
+    not_an_app = 42
+    """
+)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A folder holding ``jobs.py``: the current directory of each command."""
+    (tmp_path / "jobs.py").write_text(JOBS)
+    return tmp_path
+
+
+@pytest.fixture
+def url(project: Path) -> str:
+    return f"sqlite:///{project / 'jobs.db'}"
+
+
+def command(
+    project: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m alkstore ARGS`` in ``project``, with ``ALKSTORE_URL`` unset
+    unless ``env`` sets it."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
+    environ.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "alkstore", *args],
+        check=False,
+        cwd=project,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+    )
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    """The error of a failed command: exit status 1, one line on stderr."""
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("Error: ")
+    return lines[0]
+
+
+def wait_for(path: Path, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} did not appear"
+        time.sleep(0.02)
+
+
+def test_help_lists_the_commands(project: Path) -> None:
+    out = ok(command(project, "--help"))
+    for name in ("worker", "enqueue", "stats", "job", "migrate"):
+        assert name in out
+    assert alkstore.__version__ in ok(command(project, "--version"))
+
+
+def test_the_console_script_is_installed(project: Path) -> None:
+    script = shutil.which("alkstore", path=str(Path(sys.executable).parent))
+    assert script is not None
+    result = subprocess.run(
+        [script, "--help"], check=False, capture_output=True, text=True, timeout=WAIT_S
+    )
+    assert "worker" in ok(result)
+
+
+def test_migrate_then_enqueue_stats_and_job(project: Path, url: str) -> None:
+    assert "up to date" in ok(command(project, "--url", url, "migrate"))
+    first = int(ok(command(project, "--url", url, "enqueue", "mail", '{"task": "send"}')))
+    second = ok(
+        command(project, "--url", url, "enqueue", "mail", '"x"', "--delay", "60", "--priority", "5")
+    )
+    assert int(second) == first + 1
+
+    table = ok(command(project, "--url", url, "stats", "-q", "mail", "-q", "empty"))
+    assert table.splitlines() == [
+        "queue  pending  scheduled  processing  dead",
+        "mail         1          1           0     0",
+        "empty        0          0           0     0",
+    ]
+
+    shown = ok(command(project, "--url", url, "job", second.strip(), "-q", "empty", "-q", "mail"))
+    fields = dict(line.split(None, 1) for line in shown.splitlines())
+    assert fields["queue"] == "mail"
+    assert fields["priority"] == "5"
+    assert fields["payload"] == '"x"'
+    assert fields["worker_id"] == "-"
+
+    as_json = json.loads(
+        ok(command(project, "--url", url, "job", str(first), "-q", "mail", "--json"))
+    )
+    assert as_json["payload"] == {"task": "send"}
+    assert as_json["state"] == "pending"
+    assert as_json["run_at"].endswith("+00:00")
+
+
+def test_the_url_comes_from_the_environment(project: Path, url: str) -> None:
+    env = {"ALKSTORE_URL": url}
+    job_id = ok(command(project, "enqueue", "mail", "1", env=env)).strip()
+    assert ok(command(project, "job", job_id, "-q", "mail", env=env))
+    assert (project / "jobs.db").exists()
+    assert not (project / "alkstore.db").exists()
+
+
+def test_the_default_store_is_the_embedded_file(project: Path) -> None:
+    ok(command(project, "enqueue", "mail", "1"))
+    assert (project / "alkstore.db").exists()
+
+
+def test_an_app_names_the_queues_and_their_options(project: Path, url: str) -> None:
+    job_id = ok(command(project, "--url", url, "enqueue", "mail", "{}", "--app", "jobs:app"))
+    shown = json.loads(
+        ok(command(project, "--url", url, "job", job_id.strip(), "--app", "jobs", "--json"))
+    )
+    assert shown["max_attempts"] == 3  # the app's option for "mail"
+    table = ok(command(project, "--url", url, "stats", env={"ALKSTORE_APP": "jobs:app"}))
+    assert table.splitlines()[1].split() == ["mail", "1", "0", "0", "0"]
+
+
+def test_worker_burst_runs_the_jobs_and_logs_each(project: Path, url: str) -> None:
+    for to in ("ada", "bob"):
+        ok(
+            command(
+                project,
+                "--url",
+                url,
+                "enqueue",
+                "mail",
+                json.dumps({"task": "send", "args": [to]}),
+            )
+        )
+    ok(command(project, "--url", url, "enqueue", "mail", '{"task": "nope"}'))
+    result = command(project, "--url", url, "worker", "jobs:app", "--burst", "-c", "2")
+    ok(result)
+    assert (project / "sent-ada").exists()
+    assert (project / "sent-bob").exists()
+    assert result.stderr.count(") succeeded: attempt 1 of 5") == 2  # enqueued without --app
+    assert "unknown task 'nope'" in result.stderr
+    table = ok(command(project, "--url", url, "stats", "--app", "jobs:app"))
+    assert table.splitlines()[1].split() == ["mail", "0", "0", "0", "1"]
+
+
+def test_a_url_on_the_command_line_overrides_the_apps(project: Path, url: str) -> None:
+    """``jobs:other`` was made with ``sqlite:///other.db``; ``--url`` wins."""
+    ok(command(project, "--url", url, "enqueue", "mail", '{"task": "send", "args": ["x"]}'))
+    ok(command(project, "--url", url, "worker", "jobs:other", "-q", "mail", "--burst"))
+    assert not (project / "other.db").exists()
+    table = ok(command(project, "--url", url, "stats", "-q", "mail"))
+    assert table.splitlines()[1].split() == ["mail", "0", "0", "0", "1"]  # other has no tasks
+
+
+def test_sigterm_lets_the_running_job_finish(project: Path, url: str) -> None:
+    ok(command(project, "--url", url, "enqueue", "mail", '{"task": "slow", "args": ["a"]}'))
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "alkstore",
+            "--url",
+            url,
+            "worker",
+            "jobs:app",
+            "--poll-interval",
+            "0.1",
+        ],
+        cwd=project,
+        env=environ,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(project / "started-a")
+        worker.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        assert worker.poll() is None, "the worker exited before its job finished"
+        (project / "release").write_text("")
+        _, stderr = worker.communicate(timeout=WAIT_S)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+    assert worker.returncode == 0, stderr
+    assert (project / "done-a").exists()
+    assert "SIGTERM received" in stderr
+    assert "succeeded" in stderr
+    table = ok(command(project, "--url", url, "stats", "-q", "mail"))
+    assert table.splitlines()[1].split() == ["mail", "0", "0", "0", "0"]
+
+
+def test_stats_watch_redraws_until_interrupted(project: Path, url: str) -> None:
+    ok(command(project, "--url", url, "migrate"))
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
+    watch = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "alkstore",
+            "--url",
+            url,
+            "stats",
+            "-q",
+            "mail",
+            "--watch",
+            "--interval",
+            "0.1",
+        ],
+        cwd=project,
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(1.0)
+        watch.send_signal(signal.SIGINT)
+        stdout, _ = watch.communicate(timeout=WAIT_S)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.communicate()
+    assert watch.returncode == 0
+    assert stdout.count("queue  pending") >= 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--url", "nosuch://x", "migrate"), "no alkstore engine for the scheme 'nosuch'"),
+        (("enqueue", "bad name", "1"), "queue name"),
+        (("enqueue", "mail", "{not json"), "not valid JSON"),
+        (("enqueue", "mail", "[1]", "--priority", str(2**40)), "priority"),
+        (("stats",), "name the queues"),
+        (("job", "1", "-q", "mail"), "SchemaVersionError"),
+        (("worker", "nosuchmodule:app"), "cannot import 'nosuchmodule'"),
+        (("worker", "jobs:missing"), "has no attribute 'missing'"),
+        (("worker", "jobs:not_an_app"), "not an alkstore.App"),
+        (("worker", ":app"), "names no module"),
+    ],
+)
+def test_errors_are_one_line_and_exit_1(project: Path, args: tuple[str, ...], message: str) -> None:
+    line = one_line_error(command(project, *args))
+    assert message in line
+
+
+def test_a_missing_job_is_an_error(project: Path, url: str) -> None:
+    ok(command(project, "--url", url, "migrate"))
+    assert "no job 99 in queue(s) mail" in one_line_error(
+        command(project, "--url", url, "job", "99", "-q", "mail")
+    )
+
+
+def test_redact_url_hides_passwords() -> None:
+    assert redact_url("postgresql://u:secret@h/db") == "postgresql://u:***@h/db"
+    assert redact_url("postgresql://u@h/db") == "postgresql://u@h/db"
+    assert redact_url("sqlite:///x.db") == "sqlite:///x.db"

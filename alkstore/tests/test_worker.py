@@ -1,0 +1,381 @@
+"""The worker's parts: outcomes, heartbeats, the pool, signals, options and
+logging (docs/tasks-and-workers.md). The worker against real engines, with
+threads and processes, is the contract's ``WorkerTests``."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from alkstore import App, Fail, Retry, StoreClosedError, ValidationError, WorkerCounts
+from alkstore._heartbeat import HEARTBEAT_FRACTION, Heartbeater
+from alkstore._pool import DaemonPool
+from alkstore._signals import stop_signals
+from alkstore._worker import describe_exception
+
+WAIT_S = 30.0
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Iterator[App]:
+    with App(f"sqlite:///{tmp_path / 'worker.db'}") as made:
+        yield made
+
+
+def wait_until(predicate: Any, what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+# -- outcomes ----------------------------------------------------------------
+
+
+def test_fail_and_retry_carry_their_choices() -> None:
+    assert Fail().message is None
+    assert Fail("gone").message == "gone"
+    assert str(Fail("gone")) == "gone"
+    assert Retry().message == "retry requested"
+    assert Retry().delay_s is None
+    assert Retry("x", delay=timedelta(minutes=1)).delay_s == 60
+    with pytest.raises(ValidationError, match="delay"):
+        Retry(delay=-1)
+    with pytest.raises(ValidationError, match="message"):
+        Retry(5)  # type: ignore[arg-type]
+
+
+def test_describe_exception_puts_type_and_message_first() -> None:
+    try:
+        raise KeyError("missing")
+    except KeyError as exc:
+        text = describe_exception(exc)
+    first, rest = text.split("\n", 1)
+    assert first == "KeyError: 'missing'"
+    assert "Traceback (most recent call last)" in rest
+    assert "test_describe_exception_puts_type_and_message_first" in rest
+
+
+def test_worker_counts_total() -> None:
+    assert WorkerCounts(1, 2, 3, 4).total == 10
+    assert WorkerCounts().total == 0
+
+
+# -- options -----------------------------------------------------------------
+
+
+def test_worker_options_are_validated(app: App) -> None:
+    with pytest.raises(ValidationError, match="no queue"):
+        app.worker()
+    app.task(queue="q")(print)
+    for bad in ({"concurrency": 0}, {"concurrency": True}, {"concurrency": 2000}):
+        with pytest.raises(ValidationError, match="concurrency"):
+            app.worker(**bad)
+    with pytest.raises(ValidationError, match="poll_interval_s"):
+        app.worker(poll_interval_s=0)
+    with pytest.raises(ValidationError, match="grace_period_s"):
+        app.worker(grace_period_s=-1)
+    with pytest.raises(ValidationError, match="sweep_interval_s"):
+        app.worker(sweep_interval_s=0)
+    with pytest.raises(ValidationError, match="worker_id"):
+        app.worker(worker_id="")
+    with pytest.raises(ValidationError, match="queue name"):
+        app.worker(["ok", "not ok"])
+    with pytest.raises(ValidationError, match="handle_signals"):
+        app.worker(handle_signals=1)
+    assert app.worker("solo").queues == ["solo"]
+    assert app.worker(["a", "b", "a"]).queues == ["a", "b"]
+    worker = app.worker(concurrency=3, worker_id="w-1")
+    assert (worker.queues, worker.concurrency, worker.worker_id) == (["q"], 3, "w-1")
+    assert str(os.getpid()) in app.worker().worker_id
+
+
+def test_a_worker_runs_once(app: App) -> None:
+    app.task(queue="q")(print)
+    worker = app.worker(handle_signals=False)
+    worker.run(burst=True)
+    with pytest.raises(RuntimeError, match="runs once"):
+        worker.run(burst=True)
+
+
+def test_stop_before_run_returns_at_once(app: App) -> None:
+    task = app.task(queue="q")(print)
+    task.enqueue("never printed")
+    worker = app.worker(handle_signals=False)
+    worker.stop()
+    assert worker.run() == WorkerCounts()
+    assert app.queue("q").stats().pending == 1
+
+
+# -- logging -----------------------------------------------------------------
+
+
+def test_one_log_record_per_outcome(app: App, caplog: pytest.LogCaptureFixture) -> None:
+    @app.task(queue="q", name="ok")
+    def ok() -> None:
+        pass
+
+    @app.task(queue="q", name="bad")
+    def bad() -> None:
+        raise RuntimeError("nope")
+
+    ok_id = ok.enqueue()
+    bad_id = bad.enqueue()
+    with caplog.at_level(logging.INFO, logger="alkstore.worker"):
+        app.worker(handle_signals=False).run(burst=True)
+    outcomes = {r.job_id: r for r in caplog.records if hasattr(r, "outcome")}  # type: ignore[attr-defined]
+    assert set(outcomes) == {ok_id, bad_id}
+    good, failed = outcomes[ok_id], outcomes[bad_id]
+    assert (good.outcome, good.levelno, good.queue, good.attempt, good.task) == (  # type: ignore[attr-defined]
+        "succeeded",
+        logging.INFO,
+        "q",
+        1,
+        "ok",
+    )
+    assert good.duration_s >= 0  # type: ignore[attr-defined]
+    assert (failed.outcome, failed.levelno) == ("retried", logging.WARNING)  # type: ignore[attr-defined]
+    assert "RuntimeError: nope" in failed.getMessage()
+    assert failed.exc_info is not None
+
+
+def test_a_closed_store_ends_the_run(app: App) -> None:
+    app.task(queue="q")(print)
+    worker = app.worker(poll_interval_s=0.05, handle_signals=False)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(0.1)
+    app.store.close()
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert len(errors) == 1
+    assert isinstance(errors[0], StoreClosedError)
+
+
+# -- signals -----------------------------------------------------------------
+
+
+def _signal_later(signum: int, delay_s: float) -> threading.Timer:
+    timer = threading.Timer(delay_s, os.kill, args=(os.getpid(), signum))
+    timer.start()
+    return timer
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_a_worker_run_from_the_main_thread(app: App, signum: int) -> None:
+    app.task(queue="q")(print)
+    before = signal.getsignal(signum)
+    timer = _signal_later(signum, 0.2)
+    started = time.monotonic()
+    counts = app.worker(poll_interval_s=30).run()
+    timer.join()
+    assert counts == WorkerCounts()
+    assert time.monotonic() - started < 10
+    assert signal.getsignal(signum) is before
+
+
+def test_a_second_signal_ends_the_grace_period(app: App, tmp_path: Path) -> None:
+    gate = threading.Event()
+
+    @app.task(queue="q", name="slow")
+    def slow() -> None:
+        gate.wait(WAIT_S)
+
+    job_id = slow.enqueue()
+    worker = app.worker(grace_period_s=WAIT_S, poll_interval_s=0.05)
+
+    def signal_twice() -> None:
+        wait_until(lambda: worker.running == 1, "the job to start")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    sender = threading.Thread(target=signal_twice)
+    sender.start()
+    started = time.monotonic()
+    counts = worker.run()
+    sender.join()
+    try:
+        assert time.monotonic() - started < WAIT_S / 2
+        assert counts.total == 0
+        left = app.queue("q").get_job(job_id)
+        assert left is not None
+        assert left.state == "processing"
+    finally:
+        gate.set()
+
+
+def test_stop_signals_install_only_in_the_main_thread() -> None:
+    seen: list[int] = []
+    before = signal.getsignal(signal.SIGTERM)
+    with stop_signals(seen.append) as installed:
+        assert installed
+        assert signal.getsignal(signal.SIGTERM) is not before
+        os.kill(os.getpid(), signal.SIGTERM)
+        wait_until(lambda: seen, "the handler")
+    assert seen == [signal.SIGTERM]
+    assert signal.getsignal(signal.SIGTERM) is before
+
+    with stop_signals(seen.append, install=False) as installed:
+        assert not installed
+        assert signal.getsignal(signal.SIGTERM) is before
+
+    results: list[bool] = []
+
+    def elsewhere() -> None:
+        with stop_signals(seen.append) as installed:
+            results.append(installed)
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert results == [False]
+
+
+# -- heartbeats --------------------------------------------------------------
+
+
+class FakeHandle:
+    """Answers heartbeats as told and counts them."""
+
+    def __init__(self, visibility_timeout_s: float, answers: list[Any]) -> None:
+        self.visibility_timeout_s = visibility_timeout_s
+        self.id = 1
+        self.queue = "q"
+        self._answers = answers
+        self.beats = 0
+
+    def heartbeat(self) -> bool:
+        self.beats += 1
+        answer = self._answers.pop(0) if self._answers else True
+        if isinstance(answer, BaseException):
+            raise answer
+        return bool(answer)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_heartbeats_come_every_third_of_the_visibility_timeout() -> None:
+    clock = FakeClock()
+    beater = Heartbeater("hb", monotonic=clock)
+    assert beater.beat_due() == math.inf
+    handle = FakeHandle(30, [])
+    beat = beater.add(handle)  # type: ignore[arg-type]
+    assert HEARTBEAT_FRACTION == 1 / 3
+    assert beater.beat_due() == pytest.approx(10)
+    clock.now += 9.9
+    beater.beat_due()
+    assert handle.beats == 0
+    clock.now += 0.1
+    assert beater.beat_due() == pytest.approx(10)
+    assert handle.beats == 1
+    clock.now += 10
+    beater.beat_due()
+    assert handle.beats == 2
+    beater.remove(beat)
+    clock.now += 100
+    assert beater.beat_due() == math.inf
+    assert handle.beats == 2
+
+
+def test_a_refused_heartbeat_marks_the_job_lost_and_stops(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    beater = Heartbeater("hb", monotonic=clock)
+    handle = FakeHandle(3, [False])
+    beat = beater.add(handle)  # type: ignore[arg-type]
+    clock.now += 1
+    with caplog.at_level(logging.WARNING, logger="alkstore.worker"):
+        assert beater.beat_due() == math.inf
+    assert beat.lost
+    assert "lost its claim" in caplog.text
+    clock.now += 10
+    beater.beat_due()
+    assert handle.beats == 1
+
+
+def test_a_failing_heartbeat_is_tried_again_soon() -> None:
+    clock = FakeClock()
+    beater = Heartbeater("hb", monotonic=clock)
+    handle = FakeHandle(60, [ConnectionError("blip"), True])
+    beat = beater.add(handle)  # type: ignore[arg-type]
+    clock.now += 20
+    assert beater.beat_due() == pytest.approx(1.0)
+    assert not beat.lost
+    clock.now += 1
+    assert beater.beat_due() == pytest.approx(20)
+    assert handle.beats == 2
+
+
+def test_a_closed_store_stops_the_heartbeats() -> None:
+    clock = FakeClock()
+    beater = Heartbeater("hb", monotonic=clock)
+    beater.add(FakeHandle(3, [StoreClosedError("closed")]))  # type: ignore[arg-type]
+    clock.now += 1
+    with pytest.raises(StoreClosedError):
+        beater.beat_due()
+
+
+def test_the_heartbeat_thread_beats_in_real_time() -> None:
+    beater = Heartbeater("hb")
+    handle = FakeHandle(0.15, [])
+    beater.start()
+    try:
+        beater.add(handle)  # type: ignore[arg-type]
+        wait_until(lambda: handle.beats >= 3, "three beats", timeout_s=10)
+    finally:
+        beater.stop()
+
+
+# -- the pool ----------------------------------------------------------------
+
+
+def test_the_pool_runs_work_on_daemon_threads(caplog: pytest.LogCaptureFixture) -> None:
+    pool = DaemonPool(2, "pool")
+    seen: list[tuple[int, bool]] = []
+    done = threading.Event()
+
+    def work(i: int) -> None:
+        seen.append((i, threading.current_thread().daemon))
+        if i == 2:
+            done.set()
+
+    def explode() -> None:
+        raise RuntimeError("handler bug")
+
+    with caplog.at_level(logging.ERROR, logger="alkstore.worker"):
+        pool.submit(explode)
+        for i in range(3):
+            pool.submit(lambda i=i: work(i))
+        assert done.wait(WAIT_S)
+        wait_until(lambda: "handler bug" in caplog.text, "the error to be logged")
+    assert sorted(seen) == [(0, True), (1, True), (2, True)]
+    pool.shutdown()
+    pool.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        pool.submit(print)

@@ -1,0 +1,145 @@
+"""What the suite's child processes run.
+
+Children are started with multiprocessing's ``"spawn"`` method, so they run
+no engine-specific code of the parent: each opens the target with
+:func:`alkstore.open` (after importing the harness's
+``child_process_imports``) and a fixed clock given as an ISO string.
+Everything a child reports goes through a result queue as plain tuples; an
+exception of any kind is reported, never raised, so the parent sees it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import traceback
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import alkstore
+from alkstore import Store
+
+__all__ = [
+    "BARRIER_TIMEOUT_S",
+    "ChildSpec",
+    "FixedClock",
+    "claim_batch_child",
+    "claim_race_child",
+    "enqueue_child",
+    "open_child_store",
+]
+
+#: How long a child waits at a barrier before giving up (a hung sibling).
+BARRIER_TIMEOUT_S = 120.0
+
+#: ``(url, options, clock ISO string, modules to import)``.
+ChildSpec = tuple[str, Mapping[str, Any], str, Sequence[str]]
+
+
+class FixedClock:
+    """A picklable clock frozen at an ISO instant."""
+
+    def __init__(self, iso: str) -> None:
+        self._now = datetime.fromisoformat(iso)
+
+    def __call__(self) -> datetime:
+        return self._now
+
+
+def open_child_store(spec: ChildSpec, **extra: Any) -> Store:
+    """Open the target described by ``spec`` in this (child) process."""
+    url, options, iso, imports = spec
+    for module in imports:
+        importlib.import_module(module)
+    return alkstore.open(url, **{**options, "clock": FixedClock(iso), **extra})
+
+
+def claim_race_child(
+    spec: ChildSpec,
+    *,
+    index: int,
+    queue_name: str,
+    rounds: int,
+    barrier: Any,
+    results: Any,
+) -> None:
+    """Each round: wait at the barrier with the siblings, ``claim_one``, ack a
+    won job, report ``("claim", round, index, (id, attempts) | None, error)``,
+    then wait at the barrier again for the parent's next enqueue."""
+    try:
+        store = open_child_store(spec)
+        try:
+            q = store.queue(queue_name)
+            for round_ in range(rounds):
+                barrier.wait(BARRIER_TIMEOUT_S)
+                outcome: tuple[int, int] | None = None
+                error = None
+                try:
+                    handle = q.claim_one(f"p{index}")
+                    if handle is not None:
+                        outcome = (handle.id, handle.attempts)
+                        if not handle.ack():
+                            error = f"ack of job {handle.id} returned False"
+                except BaseException:
+                    error = traceback.format_exc()
+                results.put(("claim", round_, index, outcome, error))
+                barrier.wait(BARRIER_TIMEOUT_S)
+        finally:
+            store.close()
+    except BaseException:
+        results.put(("crash", -1, index, None, traceback.format_exc()))
+        barrier.abort()
+
+
+def claim_batch_child(
+    spec: ChildSpec,
+    *,
+    index: int,
+    queue_name: str,
+    n: int,
+    barrier: Any,
+    results: Any,
+) -> None:
+    """Wait at the barrier, ``claim_batch(n)`` once, report
+    ``("batch", 0, index, [(id, attempts), ...], error)``."""
+    try:
+        store = open_child_store(spec)
+        try:
+            q = store.queue(queue_name)
+            barrier.wait(BARRIER_TIMEOUT_S)
+            try:
+                got = [(h.id, h.attempts) for h in q.claim_batch(f"p{index}", n)]
+                results.put(("batch", 0, index, got, None))
+            except BaseException:
+                results.put(("batch", 0, index, [], traceback.format_exc()))
+        finally:
+            store.close()
+    except BaseException:
+        results.put(("crash", -1, index, None, traceback.format_exc()))
+        barrier.abort()
+
+
+def enqueue_child(
+    spec: ChildSpec,
+    *,
+    index: int,
+    queue_name: str,
+    count: int,
+    barrier: Any,
+    results: Any,
+) -> None:
+    """Open the target (migrating it) together with the siblings, enqueue
+    ``count`` jobs ``{"child": index, "i": i}``, report
+    ``("enqueue", 0, index, [ids], error)``."""
+    try:
+        barrier.wait(BARRIER_TIMEOUT_S)
+        store = open_child_store(spec)
+        try:
+            q = store.queue(queue_name)
+            ids = [q.enqueue({"child": index, "i": i}) for i in range(count)]
+            results.put(("enqueue", 0, index, ids, None))
+        finally:
+            store.close()
+    except BaseException:
+        results.put(("crash", -1, index, None, traceback.format_exc()))
+        barrier.abort()

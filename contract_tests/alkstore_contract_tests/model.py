@@ -1,0 +1,385 @@
+"""A pure in-memory model of SPEC §3: the executable reading of the contract.
+
+The stateful test (:mod:`alkstore_contract_tests._stateful`) drives an engine
+and this model with the same operations and compares every observable after
+each step. The model is written from SPEC.md alone, independently of the
+core's shared helpers, so a disagreement points at the engine, the core or a
+misreading of the SPEC -- never at a shared bug hiding itself.
+
+Time is passed in explicitly (``now``), so the model does no I/O and never
+reads a clock. Ids are allocated by the engine and handed to the model.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from alkstore import QueueOpts, ValidationError
+
+__all__ = [
+    "EXPIRED",
+    "FAILED",
+    "MAX_ATTEMPTS_EXCEEDED",
+    "MAX_ERROR_CHARS",
+    "ModelHandle",
+    "ModelJob",
+    "ModelResolution",
+    "ModelStore",
+    "backoff_bounds",
+    "stored_error_text",
+]
+
+MAX_ATTEMPTS_EXCEEDED = "max attempts exceeded"
+FAILED = "failed"
+EXPIRED = "expired"
+MAX_ERROR_CHARS = 65_536
+
+State = Literal["pending", "processing", "dead"]
+
+
+def stored_error_text(error: str) -> str:
+    """``last_error`` as SPEC §3 "Error text" stores ``error``: its first
+    65,536 characters, NUL replaced by U+FFFD."""
+    return error[:MAX_ERROR_CHARS].replace("\x00", "\ufffd")
+
+
+def backoff_bounds(attempt: int, base_s: int, cap_s: int) -> tuple[int, int]:
+    """The inclusive range ``[ceil(exp/2), exp]`` of the retry delay after the
+    ``attempt``-th claim (SPEC §3 "Backoff"), ``exp = min(cap, base *
+    2**(attempt-1))``. Written with plain integers, which do not overflow in
+    Python; callers use it for moderate attempt counts."""
+    exp = min(cap_s, base_s * 2 ** min(attempt - 1, 64))
+    return math.ceil(exp / 2), exp
+
+
+def _seconds(value: float | timedelta) -> timedelta:
+    return value if isinstance(value, timedelta) else timedelta(seconds=value)
+
+
+@dataclass
+class ModelJob:
+    """One job row as the model holds it; field names and meanings are
+    :class:`alkstore.Job`'s (``payload`` is the decoded value)."""
+
+    id: int
+    queue: str
+    state: State
+    payload: Any
+    priority: int
+    run_at: datetime
+    expires_at: datetime | None
+    enqueued_at: datetime
+    attempts: int
+    max_attempts: int
+    visibility_timeout_s: float
+    backoff_base_s: int
+    backoff_cap_s: int
+    worker_id: str | None = None
+    claim_deadline: datetime | None = None
+    last_error: str | None = None
+    died_at: datetime | None = None
+
+    def expired(self, now: datetime) -> bool:
+        """SPEC §3 "Boundaries": ``expires_at`` set and ``now >= expires_at``."""
+        return self.expires_at is not None and now >= self.expires_at
+
+    def lapsed(self, now: datetime) -> bool:
+        """SPEC §3 "Boundaries": ``now >= claim_deadline``."""
+        return self.claim_deadline is not None and now >= self.claim_deadline
+
+
+@dataclass(frozen=True)
+class ModelResolution:
+    """The values one enqueue call stamps on its rows (SPEC §3 "Option
+    resolution")."""
+
+    enqueued_at: datetime
+    run_at: datetime
+    expires_at: datetime | None
+    priority: int
+    max_attempts: int
+    visibility_timeout_s: float
+    backoff_base_s: int
+    backoff_cap_s: int
+
+
+@dataclass
+class ModelHandle:
+    """One claim: the job id, its post-claim attempt count (the claim's
+    identity) and the claim-time snapshot."""
+
+    job_id: int
+    attempts: int
+    snapshot: ModelJob
+    spent: bool = False
+
+
+@dataclass
+class ModelStore:
+    """Every queue of one store: live rows and dead rows, keyed by id."""
+
+    live: dict[int, ModelJob] = field(default_factory=dict)
+    dead: dict[int, ModelJob] = field(default_factory=dict)
+
+    # -- enqueue ---------------------------------------------------------------
+
+    @staticmethod
+    def resolve(
+        now: datetime,
+        opts: QueueOpts,
+        *,
+        delay: float | timedelta | None = None,
+        run_at: datetime | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        expires: float | timedelta | None = None,
+    ) -> ModelResolution:
+        """Resolve one enqueue call (one clock reading, ``now``).
+
+        Raises
+        ------
+        ValidationError
+            If the resolved ``expires_at`` is at or before ``run_at``.
+        """
+        if delay is not None:
+            due = now + _seconds(delay)
+        elif run_at is not None:
+            due = run_at
+        else:
+            due = now
+        expires_s: float | timedelta | None = expires if expires is not None else opts.expires_s
+        expires_at = None if expires_s is None else now + _seconds(expires_s)
+        if expires_at is not None and expires_at <= due:
+            raise ValidationError("expires_at at or before run_at")
+        return ModelResolution(
+            enqueued_at=now,
+            run_at=due,
+            expires_at=expires_at,
+            priority=opts.priority if priority is None else priority,
+            max_attempts=opts.max_attempts if max_attempts is None else max_attempts,
+            visibility_timeout_s=opts.visibility_timeout_s,
+            backoff_base_s=opts.backoff_base_s,
+            backoff_cap_s=opts.backoff_cap_s,
+        )
+
+    def insert(
+        self, queue: str, ids: Iterable[int], payloads: Iterable[Any], res: ModelResolution
+    ) -> None:
+        """Add one pending row per (id, payload), all sharing ``res``."""
+        for job_id, payload in zip(ids, payloads, strict=True):
+            if job_id in self.live or job_id in self.dead:
+                raise AssertionError(f"id {job_id} reused")
+            self.live[job_id] = ModelJob(
+                id=job_id,
+                queue=queue,
+                state="pending",
+                payload=copy.deepcopy(payload),
+                priority=res.priority,
+                run_at=res.run_at,
+                expires_at=res.expires_at,
+                enqueued_at=res.enqueued_at,
+                attempts=0,
+                max_attempts=res.max_attempts,
+                visibility_timeout_s=res.visibility_timeout_s,
+                backoff_base_s=res.backoff_base_s,
+                backoff_cap_s=res.backoff_cap_s,
+            )
+
+    # -- reads -----------------------------------------------------------------
+
+    def get_job(self, queue: str, job_id: int) -> ModelJob | None:
+        """A copy of the live or dead row ``job_id`` of ``queue``, or ``None``."""
+        row = self.live.get(job_id) or self.dead.get(job_id)
+        if row is None or row.queue != queue:
+            return None
+        return replace(row)
+
+    def ids(self, queue: str) -> list[int]:
+        """Every live and dead id of ``queue``, ascending."""
+        rows = [*self.live.values(), *self.dead.values()]
+        return sorted(r.id for r in rows if r.queue == queue)
+
+    def stats(self, queue: str, now: datetime) -> tuple[int, int, int, int]:
+        """``(pending, scheduled, processing, dead)`` (SPEC §3 "stats()")."""
+        live = [r for r in self.live.values() if r.queue == queue]
+        return (
+            sum(r.state == "pending" and r.run_at <= now for r in live),
+            sum(r.state == "pending" and r.run_at > now for r in live),
+            sum(r.state == "processing" for r in live),
+            sum(r.queue == queue for r in self.dead.values()),
+        )
+
+    # -- claim -----------------------------------------------------------------
+
+    def _move_to_dead(self, row: ModelJob, error: str, now: datetime) -> None:
+        del self.live[row.id]
+        row.state = "dead"
+        row.last_error = error
+        row.died_at = now
+        self.dead[row.id] = row
+
+    def claim(self, queue: str, worker_id: str, n: int, now: datetime) -> list[ModelHandle]:
+        """Claim up to ``n`` rows (SPEC §3 "Claim"); ``n <= 0`` does nothing."""
+        if n <= 0:
+            return []
+        for row in list(self.live.values()):
+            if (
+                row.queue == queue
+                and row.state == "processing"
+                and row.lapsed(now)
+                and row.attempts >= row.max_attempts
+            ):
+                self._move_to_dead(row, MAX_ATTEMPTS_EXCEEDED, now)
+        eligible = [
+            row
+            for row in self.live.values()
+            if row.queue == queue
+            and not row.expired(now)
+            and (
+                (row.state == "pending" and row.run_at <= now)
+                or (
+                    row.state == "processing"
+                    and row.lapsed(now)
+                    and row.attempts < row.max_attempts
+                )
+            )
+        ]
+        eligible.sort(key=lambda r: (-r.priority, r.run_at, r.id))
+        handles = []
+        for row in eligible[:n]:
+            row.state = "processing"
+            row.attempts += 1
+            row.worker_id = worker_id
+            row.claim_deadline = now + _seconds(row.visibility_timeout_s)
+            handles.append(ModelHandle(row.id, row.attempts, replace(row)))
+        return handles
+
+    # -- handle operations -----------------------------------------------------
+
+    def valid_row(self, handle: ModelHandle, now: datetime) -> ModelJob | None:
+        """The row if ``handle``'s claim is valid (SPEC §3 "Claim identity and
+        handle validity"), else ``None``."""
+        row = self.live.get(handle.job_id)
+        if (
+            handle.spent
+            or row is None
+            or row.state != "processing"
+            or row.attempts != handle.attempts
+            or row.lapsed(now)
+        ):
+            return None
+        return row
+
+    def ack(self, handle: ModelHandle, now: datetime) -> bool:
+        """``JobHandle.ack``: delete the row if the claim is valid."""
+        row = self.valid_row(handle, now)
+        if row is None:
+            return False
+        del self.live[row.id]
+        handle.spent = True
+        return True
+
+    def retry(
+        self,
+        handle: ModelHandle,
+        error: str,
+        now: datetime,
+        delay: float | timedelta | None = None,
+        *,
+        draw: Callable[[int, int], int] | None = None,
+    ) -> bool:
+        """``JobHandle.retry``. Without ``delay`` the backoff is
+        ``draw(low, high)`` over :func:`backoff_bounds` of the row's stamps
+        (``draw`` plays the store's ``rng.randint``; 0 when the ceiling is 0).
+        """
+        row = self.valid_row(handle, now)
+        if row is None:
+            return False
+        handle.spent = True
+        if row.attempts >= row.max_attempts:
+            self._move_to_dead(row, MAX_ATTEMPTS_EXCEEDED, now)
+            return True
+        if delay is None:
+            low, high = backoff_bounds(row.attempts, row.backoff_base_s, row.backoff_cap_s)
+            if high == 0:
+                delay = 0
+            else:
+                if draw is None:
+                    raise TypeError("retry without delay needs draw")
+                delay = draw(low, high)
+        row.state = "pending"
+        row.run_at = now + _seconds(delay)
+        row.last_error = stored_error_text(error)
+        row.worker_id = None
+        row.claim_deadline = None
+        return True
+
+    def fail(self, handle: ModelHandle, error: str | None, now: datetime) -> bool:
+        """``JobHandle.fail``: to the dead table, ``last_error`` the error or
+        ``"failed"``."""
+        row = self.valid_row(handle, now)
+        if row is None:
+            return False
+        handle.spent = True
+        self._move_to_dead(row, FAILED if error is None else stored_error_text(error), now)
+        return True
+
+    def heartbeat(
+        self, handle: ModelHandle, extend: float | timedelta | None, now: datetime
+    ) -> bool:
+        """``JobHandle.heartbeat``: ``claim_deadline = now + extend`` (default
+        the row's visibility timeout); absolute, not additive."""
+        row = self.valid_row(handle, now)
+        if row is None:
+            return False
+        row.claim_deadline = now + _seconds(row.visibility_timeout_s if extend is None else extend)
+        return True
+
+    # -- queue operations ------------------------------------------------------
+
+    def ack_batch(self, queue: str, job_ids: Iterable[int], now: datetime) -> int:
+        """``Queue.ack_batch``: per distinct id, the validity predicate without
+        the claim identity (processing, not lapsed), no worker filter."""
+        count = 0
+        for job_id in dict.fromkeys(job_ids):
+            row = self.live.get(job_id)
+            if (
+                row is not None
+                and row.queue == queue
+                and row.state == "processing"
+                and not row.lapsed(now)
+            ):
+                del self.live[job_id]
+                count += 1
+        return count
+
+    def cancel(self, queue: str, job_id: int) -> bool:
+        """``Queue.cancel``: delete a live row of ``queue``."""
+        row = self.live.get(job_id)
+        if row is None or row.queue != queue:
+            return False
+        del self.live[job_id]
+        return True
+
+    def sweep_expired(
+        self, queue: str, retention_s: float | None, now: datetime
+    ) -> tuple[int, int]:
+        """``Queue.sweep_expired``: ``(expired, purged)``."""
+        expired = 0
+        for row in list(self.live.values()):
+            if row.queue == queue and row.expired(now):
+                self._move_to_dead(row, EXPIRED, now)
+                expired += 1
+        purged = 0
+        if retention_s is not None:
+            for row in list(self.dead.values()):
+                assert row.died_at is not None
+                if row.queue == queue and row.died_at + _seconds(retention_s) <= now:
+                    del self.dead[row.id]
+                    purged += 1
+        return expired, purged

@@ -1,0 +1,155 @@
+"""The contract suite's topic classes and their aggregate,
+:class:`ContractSuite`.
+
+Engines subclass :class:`ContractSuite` (never the topic classes one by
+one), so a contract test added in a later release reaches every engine on
+upgrade -- the lesson of SQLAlchemy's one-import suite over fsspec's
+hand-listed test areas.
+"""
+
+from __future__ import annotations
+
+from alkstore_contract_tests.suite.cases import HandedCaseTests
+from alkstore_contract_tests.suite.claim import ClaimTests, HandleValidityTests
+from alkstore_contract_tests.suite.concurrency import (
+    ProcessConcurrencyTests,
+    ThreadConcurrencyTests,
+)
+from alkstore_contract_tests.suite.enqueue import IdTests, OptionResolutionTests, TimeTests
+from alkstore_contract_tests.suite.handle_ops import (
+    DeadLetterTests,
+    FailTests,
+    HeartbeatTests,
+    RetryTests,
+)
+from alkstore_contract_tests.suite.lifecycle import ClosedStoreTests, EngineOptionTests, SchemaTests
+from alkstore_contract_tests.suite.payload import ErrorTextTests, PayloadTests
+from alkstore_contract_tests.suite.queue_ops import (
+    AckBatchTests,
+    CancelTests,
+    GetJobTests,
+    IsolationTests,
+    StatsTests,
+    SweepTests,
+)
+from alkstore_contract_tests.suite.stateful import StatefulTests
+from alkstore_contract_tests.suite.transactional import TransactionalEnqueueTests
+from alkstore_contract_tests.suite.validation import ValidationTests
+from alkstore_contract_tests.suite.wake import WakeTests
+from alkstore_contract_tests.suite.worker import WorkerTests
+
+__all__ = [
+    "TOPICS",
+    "AckBatchTests",
+    "CancelTests",
+    "ClaimTests",
+    "ClosedStoreTests",
+    "ContractSuite",
+    "DeadLetterTests",
+    "EngineOptionTests",
+    "ErrorTextTests",
+    "FailTests",
+    "GetJobTests",
+    "HandedCaseTests",
+    "HandleValidityTests",
+    "HeartbeatTests",
+    "IdTests",
+    "IsolationTests",
+    "OptionResolutionTests",
+    "PayloadTests",
+    "ProcessConcurrencyTests",
+    "RetryTests",
+    "SchemaTests",
+    "StatefulTests",
+    "StatsTests",
+    "SweepTests",
+    "ThreadConcurrencyTests",
+    "TimeTests",
+    "TransactionalEnqueueTests",
+    "ValidationTests",
+    "WakeTests",
+    "WorkerTests",
+]
+
+#: Every topic class, in the order :class:`ContractSuite` mixes them.
+TOPICS: tuple[type, ...] = (
+    OptionResolutionTests,
+    IdTests,
+    TimeTests,
+    ValidationTests,
+    PayloadTests,
+    ErrorTextTests,
+    ClaimTests,
+    HandleValidityTests,
+    RetryTests,
+    FailTests,
+    HeartbeatTests,
+    DeadLetterTests,
+    AckBatchTests,
+    CancelTests,
+    GetJobTests,
+    SweepTests,
+    StatsTests,
+    IsolationTests,
+    WakeTests,
+    TransactionalEnqueueTests,
+    ClosedStoreTests,
+    EngineOptionTests,
+    SchemaTests,
+    HandedCaseTests,
+    ThreadConcurrencyTests,
+    ProcessConcurrencyTests,
+    StatefulTests,
+    WorkerTests,
+)
+
+
+class ContractSuite(
+    OptionResolutionTests,
+    IdTests,
+    TimeTests,
+    ValidationTests,
+    PayloadTests,
+    ErrorTextTests,
+    ClaimTests,
+    HandleValidityTests,
+    RetryTests,
+    FailTests,
+    HeartbeatTests,
+    DeadLetterTests,
+    AckBatchTests,
+    CancelTests,
+    GetJobTests,
+    SweepTests,
+    StatsTests,
+    IsolationTests,
+    WakeTests,
+    TransactionalEnqueueTests,
+    ClosedStoreTests,
+    EngineOptionTests,
+    SchemaTests,
+    HandedCaseTests,
+    ThreadConcurrencyTests,
+    ProcessConcurrencyTests,
+    StatefulTests,
+    WorkerTests,
+):
+    """The whole alkstore contract (SPEC.md §2, §3 and the handed cases).
+
+    Plug an engine in with one class in a test module::
+
+        from alkstore_contract_tests import ContractSuite
+        from my_engine_tests.harness import MyHarness
+
+        class TestMyEngineContract(ContractSuite, MyHarness):
+            pass
+
+    where ``MyHarness`` subclasses :class:`~alkstore_contract_tests.EngineHarness`
+    and overrides its ``alkstore_target`` fixture. Optional harness
+    capabilities (``app_connection``, ``dead_letter_inserts_fail``,
+    ``spawned_processes_can_open``) enable the tests that need them; the
+    rest skip with a reason.
+
+    Tests marked ``slow`` (processes, the state machine, case 003) run by
+    default; deselect them with ``-m "not slow"`` for a quick loop.
+    """

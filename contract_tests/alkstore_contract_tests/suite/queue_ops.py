@@ -1,0 +1,314 @@
+"""Queue operations other than enqueue and claim: ``ack_batch``, ``cancel``,
+``get_job``, ``sweep_expired``, ``stats``, and queue isolation (SPEC §3)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import NamedTuple
+
+import pytest
+
+from alkstore import Queue, QueueOpts, QueueStats, Store, SweepResult
+from alkstore_contract_tests._clock import ManualClock
+from alkstore_contract_tests._fixtures import ContractFixtures, at, claim_exactly, job
+
+__all__ = [
+    "AckBatchTests",
+    "CancelTests",
+    "GetJobTests",
+    "IsolationTests",
+    "StatsTests",
+    "SweepTests",
+]
+
+MICRO = timedelta(microseconds=1)
+
+
+class AckScene(NamedTuple):
+    queue: Queue
+    valid: list[int]
+    lapsed: int
+    pending: int
+    dead: int
+    foreign: int
+
+
+class AckBatchTests(ContractFixtures):
+    """SPEC §3 "ack_batch(ids)"."""
+
+    @pytest.fixture
+    def ack_scene(self, store: Store, clock: ManualClock) -> AckScene:
+        """At ``T0+10`` in queue ``"jobs"``: three valid claims by three
+        different workers (deadline ``T0+30``), one lapsed claim (5 s
+        visibility timeout), one pending job, one dead job; and a valid claim
+        in queue ``"other"``."""
+        q = store.queue("jobs")
+        short = store.queue("jobs", QueueOpts(visibility_timeout_s=5))
+        lapsed = short.enqueue("lapsed", priority=9)
+        valid = q.enqueue_many(["a", "b", "c"], priority=5)
+        dead = q.enqueue("dead", priority=1)
+        claim_exactly(q, lapsed, "w0")
+        for i, job_id in enumerate(valid):
+            claim_exactly(q, job_id, f"w{i + 1}")
+        assert claim_exactly(q, dead).fail()
+        pending = q.enqueue("pending")
+        other = store.queue("other")
+        foreign = other.enqueue("foreign")
+        claim_exactly(other, foreign)
+        clock.set(at(10))
+        assert q.stats() == (1, 0, 4, 1)
+        return AckScene(q, valid, lapsed, pending, dead, foreign)
+
+    def test_empty_batch_is_zero(self, queue: Queue) -> None:
+        assert queue.ack_batch([]) == 0
+        assert queue.ack_batch(()) == 0
+
+    def test_acks_valid_claims_of_any_worker_each_id_once(self, ack_scene: AckScene) -> None:
+        q = ack_scene.queue
+        a, b, c = ack_scene.valid
+        assert q.ack_batch([a, b, a, a, b]) == 2
+        assert q.get_job(a) is None
+        assert q.get_job(b) is None
+        assert job(q, c).state == "processing"
+        assert q.ack_batch([a, b]) == 0
+        assert q.ack_batch({c}) == 1
+
+    def test_unknown_lapsed_pending_dead_and_foreign_ids_are_not_counted(
+        self, store: Store, ack_scene: AckScene
+    ) -> None:
+        q = ack_scene.queue
+        before = {i: job(q, i) for i in (ack_scene.lapsed, ack_scene.pending, ack_scene.dead)}
+        others = [ack_scene.lapsed, ack_scene.pending, ack_scene.dead, ack_scene.foreign, 10**12]
+        assert q.ack_batch([*others, ack_scene.valid[1]]) == 1
+        for i, was in before.items():
+            assert job(q, i) == was
+        assert job(store.queue("other"), ack_scene.foreign).state == "processing"
+        assert q.stats() == (1, 0, 3, 1)
+
+    def test_lapse_boundary(self, queue: Queue, clock: ManualClock) -> None:
+        first, second = queue.enqueue_many(["a", "b"])
+        queue.claim_batch("w", 2)
+        clock.set(at(30) - MICRO)
+        assert queue.ack_batch([first]) == 1
+        clock.set(at(30))
+        assert queue.ack_batch([second]) == 0
+        assert job(queue, second).state == "processing"
+
+
+class CancelTests(ContractFixtures):
+    """SPEC §3 "cancel(id)"."""
+
+    def test_cancel_pending(self, queue: Queue) -> None:
+        job_id = queue.enqueue("x", delay=100)
+        assert queue.cancel(job_id) is True
+        assert queue.get_job(job_id) is None
+        assert queue.cancel(job_id) is False
+        assert queue.stats() == (0, 0, 0, 0)
+
+    def test_cancel_processing_even_when_lapsed(self, queue: Queue, clock: ManualClock) -> None:
+        first, second = queue.enqueue_many(["a", "b"])
+        handle_a, handle_b = queue.claim_batch("w", 2)
+        assert queue.cancel(first) is True
+        clock.set(at(100))
+        assert queue.cancel(second) is True
+        assert handle_a.ack() is False
+        assert handle_b.fail() is False
+        assert queue.stats() == (0, 0, 0, 0)
+
+    def test_cancel_expired_pending(self, queue: Queue, clock: ManualClock) -> None:
+        job_id = queue.enqueue("x", expires=5)
+        clock.set(at(50))
+        assert queue.cancel(job_id) is True
+
+    def test_cancel_dead_or_unknown_is_false(self, queue: Queue) -> None:
+        job_id = queue.enqueue("x")
+        assert claim_exactly(queue, job_id).fail()
+        assert queue.cancel(job_id) is False
+        assert job(queue, job_id).state == "dead"
+        assert queue.cancel(10**12) is False
+        assert queue.cancel(-1) is False
+
+
+class GetJobTests(ContractFixtures):
+    """``Queue.get_job``."""
+
+    def test_unknown_id_is_none(self, queue: Queue) -> None:
+        assert queue.get_job(10**12) is None
+        assert queue.get_job(0) is None
+        assert queue.get_job(-5) is None
+
+    def test_ids_beyond_any_column_are_unknown(self, queue: Queue) -> None:
+        """Any int is a valid id argument; ids no store can hold are unknown."""
+        queue.enqueue("x")
+        for job_id in (2**63, -(2**63) - 1, 2**100):
+            assert queue.get_job(job_id) is None
+            assert queue.cancel(job_id) is False
+        assert queue.ack_batch([2**63, 2**100, -(2**100)]) == 0
+        assert queue.stats() == (1, 0, 0, 0)
+
+    def test_acked_job_is_gone(self, queue: Queue) -> None:
+        job_id = queue.enqueue("x")
+        assert claim_exactly(queue, job_id).ack()
+        assert queue.get_job(job_id) is None
+
+
+class SweepTests(ContractFixtures):
+    """SPEC §3 "sweep_expired()"."""
+
+    def test_sweep_moves_expired_pending_and_processing_rows(
+        self, queue: Queue, clock: ManualClock
+    ) -> None:
+        pending = queue.enqueue("p", expires=10, priority=-1)
+        working = queue.enqueue("w", expires=10)
+        lasting = queue.enqueue("l", expires=11, priority=-2)
+        forever = queue.enqueue("f", priority=-3)
+        handle = claim_exactly(queue, working, "w1")
+        clock.set(at(10) - MICRO)
+        assert queue.sweep_expired() == (0, 0)
+        clock.set(at(10))
+        result = queue.sweep_expired()
+        assert isinstance(result, SweepResult)
+        assert (result.expired, result.purged) == (1 + 1, 0)
+        dead_p, dead_w = job(queue, pending), job(queue, working)
+        assert (dead_p.state, dead_p.last_error, dead_p.died_at) == ("dead", "expired", at(10))
+        assert (dead_p.attempts, dead_p.worker_id, dead_p.claim_deadline) == (0, None, None)
+        assert (dead_w.state, dead_w.last_error, dead_w.died_at) == ("dead", "expired", at(10))
+        assert (dead_w.attempts, dead_w.worker_id, dead_w.claim_deadline) == (1, "w1", at(30))
+        assert job(queue, lasting).state == "pending"
+        assert job(queue, forever).state == "pending"
+        assert handle.ack() is False
+        assert queue.sweep_expired() == (0, 0)
+        assert queue.stats() == (2, 0, 0, 2)
+
+    def test_sweep_sees_only_its_queue(self, store: Store, clock: ManualClock) -> None:
+        a, b = store.queue("a"), store.queue("b", QueueOpts(dead_letter_retention_s=0))
+        assert claim_exactly(a, a.enqueue("y")).fail()
+        expiring = a.enqueue("x", expires=1)
+        clock.set(at(5))
+        assert b.sweep_expired() == (0, 0)
+        assert job(a, expiring).state == "pending"
+        assert a.stats() == (1, 0, 0, 1)
+
+    def test_retention_none_keeps_dead_rows_forever(self, queue: Queue, clock: ManualClock) -> None:
+        job_id = queue.enqueue("x")
+        assert claim_exactly(queue, job_id).fail()
+        clock.set(at(3_000_000_000))
+        assert queue.sweep_expired() == (0, 0)
+        assert job(queue, job_id).state == "dead"
+
+    def test_retention_zero_purges_at_once_including_just_expired_rows(
+        self, store: Store, clock: ManualClock
+    ) -> None:
+        q = store.queue("jobs", QueueOpts(dead_letter_retention_s=0))
+        failed = q.enqueue("failed")
+        assert claim_exactly(q, failed).fail()
+        expiring = q.enqueue("expiring", expires=5)
+        clock.set(at(5))
+        assert q.sweep_expired() == (1, 2)
+        assert q.get_job(failed) is None
+        assert q.get_job(expiring) is None
+        assert q.stats() == (0, 0, 0, 0)
+
+    def test_positive_retention_boundary(self, store: Store, clock: ManualClock) -> None:
+        """Purged iff ``died_at + retention <= now``."""
+        q = store.queue("jobs", QueueOpts(dead_letter_retention_s=100, max_attempts=1))
+        early, late = q.enqueue_many(["early", "late"])
+        assert claim_exactly(q, early).fail()
+        clock.set(at(50))
+        claim_exactly(q, late)
+        clock.set(at(80))
+        assert q.claim_one("w") is None  # late's claim lapsed at T0+80: dead now
+        assert job(q, late).died_at == at(80)
+        clock.set(at(100) - MICRO)
+        assert q.sweep_expired() == (0, 0)
+        clock.set(at(100))
+        assert q.sweep_expired() == (0, 1)
+        assert q.get_job(early) is None
+        clock.set(at(180) - MICRO)
+        assert q.sweep_expired() == (0, 0)
+        assert job(q, late).state == "dead"
+        clock.set(at(180))
+        assert q.sweep_expired() == (0, 1)
+        assert q.stats() == (0, 0, 0, 0)
+
+    def test_retention_is_read_from_the_calling_handle(
+        self, store: Store, clock: ManualClock
+    ) -> None:
+        keeper = store.queue("jobs", QueueOpts(dead_letter_retention_s=None))
+        purger = store.queue("jobs", QueueOpts(dead_letter_retention_s=60))
+        job_id = purger.enqueue("x")
+        assert claim_exactly(purger, job_id).fail()
+        clock.set(at(1000))
+        assert keeper.sweep_expired() == (0, 0)
+        assert job(keeper, job_id).state == "dead"
+        assert store.queue("jobs", QueueOpts(dead_letter_retention_s=5000)).sweep_expired() == (
+            0,
+            0,
+        )
+        assert purger.sweep_expired() == (0, 1)
+        assert keeper.get_job(job_id) is None
+
+
+class StatsTests(ContractFixtures):
+    """SPEC §3 "stats()"."""
+
+    def test_each_field(self, queue: Queue, clock: ManualClock) -> None:
+        assert queue.stats() == QueueStats(0, 0, 0, 0)
+        due = queue.enqueue("due")
+        queue.enqueue("boundary", delay=10)
+        queue.enqueue("future", delay=11)
+        queue.enqueue("expired-unswept", expires=5)
+        working = queue.enqueue("working", delay=1, priority=1)
+        dead = queue.enqueue("dead", delay=2, priority=2)
+        clock.set(at(2))
+        assert claim_exactly(queue, dead).fail()
+        claim_exactly(queue, working)
+        clock.set(at(10))
+        stats = queue.stats()
+        assert isinstance(stats, QueueStats)
+        # pending: due, boundary (run_at == now), expired-unswept
+        assert stats == (3, 1, 1, 1)
+        assert (stats.pending, stats.scheduled, stats.processing, stats.dead) == (3, 1, 1, 1)
+        clock.set(at(40))  # working's claim lapsed: still processing
+        assert queue.stats() == (4, 0, 1, 1)
+        assert queue.cancel(due)
+        assert queue.stats() == (3, 0, 1, 1)
+
+
+class IsolationTests(ContractFixtures):
+    """SPEC §2: every queue operation sees only its own queue's rows."""
+
+    def test_another_queue_behaves_as_unknown(self, store: Store, clock: ManualClock) -> None:
+        a, b = store.queue("a"), store.queue("b")
+        live = a.enqueue("live")
+        working = a.enqueue("working")
+        dead = a.enqueue("dead")
+        handle = a.claim_batch("w", 3)
+        assert [h.id for h in handle] == [live, working, dead]
+        assert handle[0].retry("back", delay=0)
+        assert handle[2].fail()
+        for job_id in (live, working, dead):
+            assert b.get_job(job_id) is None
+            assert b.cancel(job_id) is False
+        assert b.ack_batch([live, working, dead]) == 0
+        assert b.claim_one("w") is None
+        assert b.stats() == (0, 0, 0, 0)
+        assert a.stats() == (1, 0, 1, 1)
+        assert handle[1].ack()
+
+    def test_names_sharing_a_long_prefix_are_distinct(self, store: Store) -> None:
+        """Handed case 006: two names equal in their first 63 characters."""
+        one, two = store.queue("q" * 63 + "a"), store.queue("q" * 63 + "b")
+        first = one.enqueue({"q": 1})
+        assert two.claim_one("w") is None
+        assert two.get_job(first) is None
+        second = two.enqueue({"q": 2})
+        assert claim_exactly(one, first).payload == {"q": 1}
+        assert claim_exactly(two, second).payload == {"q": 2}
+
+    def test_case_matters_in_queue_names(self, store: Store) -> None:
+        upper, lower = store.queue("Jobs"), store.queue("jobs")
+        job_id = upper.enqueue("x")
+        assert lower.claim_one("w") is None
+        assert lower.get_job(job_id) is None
+        claim_exactly(upper, job_id)

@@ -1,0 +1,649 @@
+"""The worker runtime against a real engine: :class:`WorkerTests`.
+
+The worker (``alkstore.Worker``) is built on the public contract only, so
+these tests belong with the contract: every engine runs them, with real
+threads and real processes (docs/tasks-and-workers.md).
+
+- Outcomes, options, ordering, burst, sweeping and stopping run in this
+  process with a :class:`ManualClock`: time moves only when a test says so.
+- Heartbeats, SIGKILL and SIGTERM need claims to lapse in real time in a real
+  child process, so those tests use the engine's own clock, a visibility
+  timeout of one second, and bounded waits of seconds.
+
+Child processes are started with ``"spawn"`` and open the target with
+:func:`alkstore.open` (harness capability ``spawned_processes_can_open``;
+the tests skip without it).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+
+from alkstore import App, Fail, Retry, Store, ValidationError, Worker, WorkerCounts
+from alkstore_contract_tests._clock import T0, ManualClock
+from alkstore_contract_tests._worker_app import (
+    QUEUE,
+    child_worker,
+    executions,
+    register_tasks,
+    release,
+    started,
+)
+from alkstore_contract_tests.harness import EngineHarness, StoreTarget
+
+__all__ = ["WorkerTests"]
+
+#: The longest any bounded wait of this suite lasts, seconds.
+WAIT_S = 60.0
+#: How long a lapsed claim may take to be reclaimed and its job finished,
+#: seconds: a one-second visibility timeout plus a 0.1 s re-poll, with room
+#: for a loaded machine.
+RECLAIM_WAIT_S = 15.0
+#: How often bounded waits look again, seconds.
+POLL_S = 0.02
+
+
+class AppFactory(Protocol):
+    """The ``worker_apps`` fixture: an :class:`App` over a new store on the
+    test's target, with the suite's tasks registered."""
+
+    def __call__(
+        self, *, clock: ManualClock | None = ..., visibility_timeout_s: float = ...
+    ) -> App: ...
+
+
+def wait_until(predicate: Callable[[], object], what: str, timeout_s: float = WAIT_S) -> None:
+    """Poll ``predicate`` until it is true; fail naming ``what`` after
+    ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(POLL_S)
+
+
+class RunningWorker:
+    """``worker.run()`` on a thread; :meth:`finish` stops it, joins it within
+    bounds and re-raises anything ``run`` raised."""
+
+    def __init__(self, worker: Worker, burst: bool = False) -> None:
+        self.worker = worker
+        self.result: WorkerCounts | None = None
+        self.error: str | None = None
+        self.thread = threading.Thread(target=self._run, args=(burst,), daemon=True)
+        self.thread.start()
+
+    def _run(self, burst: bool) -> None:
+        try:
+            self.result = self.worker.run(burst=burst)
+        except BaseException:
+            self.error = traceback.format_exc()
+
+    def join(self, timeout_s: float = WAIT_S) -> WorkerCounts:
+        """Wait for ``run`` to return by itself."""
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), f"worker.run did not return within {timeout_s} s"
+        assert self.error is None, f"worker.run raised:\n{self.error}"
+        assert self.result is not None
+        return self.result
+
+    def finish(self, timeout_s: float = WAIT_S) -> WorkerCounts:
+        """Stop the worker and wait for ``run`` to return."""
+        self.worker.stop()
+        return self.join(timeout_s)
+
+
+class ChildWorker:
+    """A worker in a spawned child process, and its log file."""
+
+    def __init__(self, process: Any, log: Path) -> None:
+        self.process = process
+        self.log = log
+
+    @property
+    def pid(self) -> int:
+        """The child's process id."""
+        pid: int = self.process.pid
+        return pid
+
+    def log_text(self) -> str:
+        """What the child's worker logged so far."""
+        return self.log.read_text() if self.log.exists() else ""
+
+    def join(self, timeout_s: float = WAIT_S) -> int:
+        """Wait for the child to exit; return its exit code."""
+        self.process.join(timeout_s)
+        assert not self.process.is_alive(), f"the child did not exit within {timeout_s} s"
+        code: int = self.process.exitcode
+        return code
+
+
+def _run_burst(*workers: Worker) -> list[WorkerCounts]:
+    """Run the workers in burst mode at once, each on its own thread."""
+    running = [RunningWorker(w, burst=True) for w in workers]
+    return [r.join() for r in running]
+
+
+class WorkerTests(EngineHarness):
+    """The worker runtime on this engine (docs/tasks-and-workers.md).
+
+    Fixtures (function-scoped; named ``worker_*`` so that they never clash
+    with the contract suite's own): ``worker_clock`` (a :class:`ManualClock`
+    at ``T0``), ``worker_apps`` (apps over fresh stores on the target, the
+    tasks of :mod:`._worker_app` registered), ``worker_log_dir`` (where task
+    executions are recorded) and ``worker_spawn`` (child worker processes).
+    """
+
+    @pytest.fixture
+    def worker_clock(self) -> ManualClock:
+        """A :class:`ManualClock` standing at ``T0``."""
+        return ManualClock(T0)
+
+    @pytest.fixture
+    def worker_log_dir(self, tmp_path: Path) -> str:
+        """An empty folder for the tasks' execution records."""
+        folder = tmp_path / "worker-log"
+        folder.mkdir()
+        return str(folder)
+
+    @pytest.fixture
+    def worker_apps(self, alkstore_target: StoreTarget) -> Iterator[AppFactory]:
+        """Make apps over new stores on the test's target (``clock=None``:
+        the engine's own clock); every store is closed at teardown."""
+        stores: list[Store] = []
+
+        def factory(*, clock: ManualClock | None = None, visibility_timeout_s: float = 30) -> App:
+            options: dict[str, Any] = {} if clock is None else {"clock": clock}
+            store = self.open_store(alkstore_target, **options)
+            stores.append(store)
+            app = App(store=store)
+            register_tasks(app, visibility_timeout_s)
+            return app
+
+        yield factory
+        for store in stores:
+            store.close()
+
+    @pytest.fixture
+    def worker_spawn(
+        self, alkstore_target: StoreTarget, tmp_path: Path, worker_log_dir: str
+    ) -> Iterator[Callable[..., ChildWorker]]:
+        """Start a child process running a worker on the target (real clock):
+        ``worker_spawn(visibility_timeout_s, burst=..., **worker_options)``
+        returns a :class:`ChildWorker`. Children still alive at teardown are
+        killed."""
+        if not self.spawned_processes_can_open:
+            pytest.skip("this engine's harness cannot open its target in a spawned process")
+        ctx = multiprocessing.get_context("spawn")
+        children: list[ChildWorker] = []
+
+        def spawn(
+            visibility_timeout_s: float = 30, burst: bool = False, **options: Any
+        ) -> ChildWorker:
+            log_path = tmp_path / f"child-{len(children)}.log"
+            options.setdefault("poll_interval_s", 0.1)
+            process = ctx.Process(
+                target=child_worker,
+                kwargs={
+                    "url": alkstore_target.url,
+                    "options": dict(alkstore_target.options),
+                    "imports": tuple(self.child_process_imports),
+                    "visibility_timeout_s": visibility_timeout_s,
+                    "worker_options": options,
+                    "burst": burst,
+                    "log_path": str(log_path),
+                },
+                daemon=True,
+            )
+            process.start()
+            child = ChildWorker(process, log_path)
+            children.append(child)
+            return child
+
+        yield spawn
+        for child in children:
+            if child.process.is_alive():
+                child.process.kill()
+            child.process.join(WAIT_S)
+
+    # -- outcomes (injected clock) -------------------------------------------
+
+    def test_each_outcome_reaches_the_store(
+        self, worker_apps: AppFactory, worker_clock: ManualClock, worker_log_dir: str
+    ) -> None:
+        """Return acks; an exception retries with the queue's backoff and
+        the type, message and traceback as the error; ``Fail`` dead-letters
+        at once; ``Retry(delay=)`` retries at that delay; an unknown task, a
+        payload that is not a task's, and a retry at the budget dead-letter."""
+        app = worker_apps(clock=worker_clock)
+
+        @app.task(queue=QUEUE, name="boom")
+        def boom() -> None:
+            raise ValueError("boom")
+
+        @app.task(queue=QUEUE, name="refuse")
+        def refuse(message: str | None) -> None:
+            raise Fail(message)
+
+        @app.task(queue=QUEUE, name="later")
+        def later() -> None:
+            raise Retry("not yet", delay=60)
+
+        queue = app.queue(QUEUE)
+        ok = app.tasks["record"].enqueue(worker_log_dir, "ok")
+        boomed = boom.enqueue()
+        refused = refuse.enqueue("bad input")
+        refused_bare = refuse.enqueue(None)
+        snoozed = later.enqueue()
+        unknown = queue.enqueue({"task": "no-such-task", "args": []})
+        malformed = queue.enqueue(["not", "a", "task"])
+        exhausted = boom.options(max_attempts=1).enqueue()
+
+        counts = app.worker(handle_signals=False).run(burst=True)
+
+        assert counts == WorkerCounts(succeeded=1, retried=2, dead=5, lost=0)
+        assert queue.get_job(ok) is None
+        assert executions(worker_log_dir) == {"ok": 1}
+
+        retried = queue.get_job(boomed)
+        assert retried is not None
+        assert (retried.state, retried.attempts) == ("pending", 1)
+        assert retried.last_error is not None
+        assert retried.last_error.startswith("ValueError: boom\n")
+        assert "Traceback (most recent call last)" in retried.last_error
+        # The default backoff (base 4 s) after attempt 1: 2 to 4 s (SPEC §3).
+        assert T0 + timedelta(seconds=2) <= retried.run_at <= T0 + timedelta(seconds=4)
+
+        snoozed_job = queue.get_job(snoozed)
+        assert snoozed_job is not None
+        assert (snoozed_job.state, snoozed_job.last_error) == ("pending", "not yet")
+        assert snoozed_job.run_at == T0 + timedelta(seconds=60)
+
+        expected_dead = {
+            refused: "bad input",
+            refused_bare: "failed",
+            exhausted: "max attempts exceeded",
+        }
+        for job_id, error in expected_dead.items():
+            dead = queue.get_job(job_id)
+            assert dead is not None
+            assert (dead.state, dead.last_error) == ("dead", error)
+        for job_id, fragment in ((unknown, "unknown task 'no-such-task'"), (malformed, "task")):
+            dead = queue.get_job(job_id)
+            assert dead is not None
+            assert dead.state == "dead"
+            assert dead.last_error is not None
+            assert fragment in dead.last_error
+
+    def test_task_payload_and_per_job_options(
+        self, worker_apps: AppFactory, worker_clock: ManualClock, worker_log_dir: str
+    ) -> None:
+        """``enqueue`` stores ``{"task", "args", "kwargs"}``; ``options()``
+        returns a copy that applies per-job options; arguments that are not
+        strict JSON raise ``ValidationError`` and store nothing; calling the
+        task runs it in this process."""
+        app = worker_apps(clock=worker_clock)
+        record = app.tasks["record"]
+        queue = app.queue(QUEUE)
+
+        plain = queue.get_job(record.enqueue(worker_log_dir, token="t1"))
+        assert plain is not None
+        assert plain.payload == {
+            "task": "record",
+            "args": [worker_log_dir],
+            "kwargs": {"token": "t1"},
+        }
+        assert plain.content_type == "application/json"
+        assert plain.run_at == T0
+
+        configured = record.options(delay=10, priority=7, max_attempts=2, expires=100)
+        assert record.enqueue_options == {}
+        job = queue.get_job(configured.enqueue(worker_log_dir, "t2"))
+        assert job is not None
+        assert job.run_at == T0 + timedelta(seconds=10)
+        assert job.expires_at == T0 + timedelta(seconds=100)
+        assert (job.priority, job.max_attempts, job.visibility_timeout_s) == (7, 2, 30)
+
+        at = T0 + timedelta(minutes=5)
+        scheduled = queue.get_job(record.options(run_at=at).enqueue(worker_log_dir, "t3"))
+        assert scheduled is not None
+        assert scheduled.run_at == at
+
+        before = queue.stats()
+        for bad in (("tuple",), object(), {1: "non-str key"}, float("nan")):
+            with pytest.raises(ValidationError):
+                record.enqueue(worker_log_dir, bad)
+        with pytest.raises(ValidationError):
+            record.options(priority=True)
+        assert queue.stats() == before
+
+        record(worker_log_dir, "in-process")
+        assert executions(worker_log_dir) == {"in-process": 1}
+        assert queue.stats() == before
+
+    def test_enqueue_tx_commits_and_rolls_back_with_the_caller(
+        self, alkstore_target: StoreTarget, worker_apps: AppFactory, worker_log_dir: str
+    ) -> None:
+        """``Task.enqueue_tx`` writes in the caller's transaction: a rollback
+        leaves no job, a commit one that a worker runs."""
+        app = worker_apps()
+        record = app.tasks["record"]
+        queue = app.queue(QUEUE)
+        with self.app_connection(alkstore_target) as conn:
+            self.begin(conn)
+            rolled_back = record.enqueue_tx(conn, worker_log_dir, "rolled-back")
+            conn.rollback()
+            # Checked now: an engine may hand the rolled-back id out again.
+            assert queue.get_job(rolled_back) is None
+            assert tuple(queue.stats()) == (0, 0, 0, 0)
+            self.begin(conn)
+            committed = record.enqueue_tx(conn, worker_log_dir, "committed")
+            conn.commit()
+        assert queue.get_job(committed) is not None
+        app.worker(handle_signals=False).run(burst=True)
+        assert executions(worker_log_dir) == {"committed": 1}
+
+    # -- claiming (injected clock) -------------------------------------------
+
+    def test_threads_run_every_job_exactly_once(
+        self, worker_apps: AppFactory, worker_clock: ManualClock, worker_log_dir: str
+    ) -> None:
+        """Two workers with their own stores, four threads each, drain 200
+        jobs in burst mode: each job runs exactly once and is acked."""
+        apps = [worker_apps(clock=worker_clock) for _ in range(2)]
+        tokens = [f"j{i}" for i in range(200)]
+        apps[0].tasks["record"].enqueue_many([(worker_log_dir, t) for t in tokens])
+
+        counts = _run_burst(*(app.worker(concurrency=4, handle_signals=False) for app in apps))
+
+        assert executions(worker_log_dir) == dict.fromkeys(tokens, 1)
+        assert sum(c.succeeded for c in counts) == len(tokens)
+        assert sum(c.total for c in counts) == len(tokens)
+        assert tuple(apps[0].queue(QUEUE).stats()) == (0, 0, 0, 0)
+
+    def test_queues_are_worked_in_the_order_given(
+        self, worker_apps: AppFactory, worker_clock: ManualClock
+    ) -> None:
+        """A worker claims from its first queue before the next (RQ's queue
+        order); with ``queues=None`` it works every queue of the app."""
+        app = worker_apps(clock=worker_clock)
+        ran: list[str] = []
+
+        @app.task(queue="low", name="low")
+        def low(i: int) -> None:
+            ran.append(f"low{i}")
+
+        @app.task(queue="high", name="high")
+        def high(i: int) -> None:
+            ran.append(f"high{i}")
+
+        low.enqueue_many([(i,) for i in range(3)])
+        high.enqueue_many([(i,) for i in range(3)])
+        app.worker(["high", "low"], handle_signals=False).run(burst=True)
+        assert ran == ["high0", "high1", "high2", "low0", "low1", "low2"]
+
+        worker = app.worker()
+        assert worker.queues == [QUEUE, "low", "high"]
+
+    def test_burst_leaves_jobs_that_are_not_due(
+        self, worker_apps: AppFactory, worker_clock: ManualClock, worker_log_dir: str
+    ) -> None:
+        """Burst mode returns once no job is ready: a delayed job waits for
+        a later run (RQ's burst mode)."""
+        app = worker_apps(clock=worker_clock)
+        record = app.tasks["record"]
+        record.options(delay=60).enqueue(worker_log_dir, "later")
+
+        first = app.worker(handle_signals=False).run(burst=True)
+        assert first.total == 0
+        assert app.queue(QUEUE).stats().scheduled == 1
+
+        worker_clock.advance(60)
+        second = app.worker(handle_signals=False).run(burst=True)
+        assert second.succeeded == 1
+        assert executions(worker_log_dir) == {"later": 1}
+
+    def test_expired_jobs_are_swept_to_the_dead_letters(
+        self, worker_apps: AppFactory, worker_clock: ManualClock, worker_log_dir: str
+    ) -> None:
+        """A worker sweeps its queues when it starts: an expired job is
+        dead-lettered as ``"expired"``, never run."""
+        app = worker_apps(clock=worker_clock)
+        job_id = app.tasks["record"].options(expires=10).enqueue(worker_log_dir, "stale")
+        worker_clock.advance(20)
+        counts = app.worker(handle_signals=False).run(burst=True)
+        assert counts.total == 0
+        dead = app.queue(QUEUE).get_job(job_id)
+        assert dead is not None
+        assert (dead.state, dead.last_error) == ("dead", "expired")
+        assert executions(worker_log_dir) == {}
+
+    # -- waking and stopping -------------------------------------------------
+
+    def test_a_wake_claims_long_before_the_poll_interval(
+        self, worker_apps: AppFactory, worker_clock: ManualClock, worker_log_dir: str
+    ) -> None:
+        """With a 30 s re-poll interval, a job enqueued while the worker waits
+        runs within seconds: the worker listens for wakes (SPEC §3 "Wake")."""
+        app = worker_apps(clock=worker_clock)
+        record = app.tasks["record"]
+        record.enqueue(worker_log_dir, "first")
+        running = RunningWorker(app.worker(poll_interval_s=30, handle_signals=False))
+        try:
+            wait_until(lambda: executions(worker_log_dir), "the first job to run")
+            # Not a measurement: lets the worker finish the claim that follows a
+            # job, so that the next job can only be found through a wake.
+            time.sleep(0.2)
+            record.enqueue(worker_log_dir, "woken")
+            wait_until(lambda: len(executions(worker_log_dir)) == 2, "the woken job", 10)
+        finally:
+            counts = running.finish()
+        assert counts.succeeded == 2
+
+    def test_stop_from_another_thread_lets_the_running_job_finish(
+        self, worker_apps: AppFactory, worker_clock: ManualClock, worker_log_dir: str
+    ) -> None:
+        """``stop()`` ends claiming at once; the running job finishes and is
+        acked; a job not yet claimed stays pending, untouched."""
+        app = worker_apps(clock=worker_clock)
+        queue = app.queue(QUEUE)
+        running_id = app.tasks["gated"].enqueue(worker_log_dir, "running")
+        waiting_id = app.tasks["record"].enqueue(worker_log_dir, "waiting")
+        running = RunningWorker(app.worker(poll_interval_s=0.05, handle_signals=False))
+        wait_until(lambda: started(worker_log_dir), "the gated job to start")
+        running.worker.stop()
+        running.thread.join(0.5)
+        assert running.thread.is_alive(), "run() returned before its running job finished"
+        release(worker_log_dir)
+        counts = running.join()
+
+        assert counts == WorkerCounts(succeeded=1)
+        assert queue.get_job(running_id) is None
+        waiting = queue.get_job(waiting_id)
+        assert waiting is not None
+        assert (waiting.state, waiting.attempts) == ("pending", 0)
+        assert executions(worker_log_dir) == {"running": 1}
+
+    def test_a_job_running_past_the_grace_period_is_reclaimed(
+        self, worker_apps: AppFactory, worker_clock: ManualClock, worker_log_dir: str
+    ) -> None:
+        """After ``stop()`` the worker waits ``grace_period_s`` for running
+        jobs, then returns; a job still running is left claimed, lapses, and
+        another worker reclaims and finishes it (at-least-once)."""
+        app = worker_apps(clock=worker_clock)
+        queue = app.queue(QUEUE)
+        job_id = app.tasks["gated"].enqueue(worker_log_dir, "slow")
+        first = RunningWorker(app.worker(grace_period_s=0.2, handle_signals=False))
+        wait_until(lambda: started(worker_log_dir), "the gated job to start")
+        assert first.finish(timeout_s=10).total == 0
+
+        left = queue.get_job(job_id)
+        assert left is not None
+        assert (left.state, left.attempts) == ("processing", 1)
+
+        worker_clock.advance(30)  # the claim lapses
+        release(worker_log_dir)
+        second = app.worker(handle_signals=False).run(burst=True)
+        assert second.succeeded == 1
+        assert queue.get_job(job_id) is None
+        # The abandoned handler finishes too, but its claim is gone.
+        wait_until(lambda: first.worker.counts.lost == 1, "the abandoned handler to end")
+        assert executions(worker_log_dir) == {"slow": 2}
+
+    # -- real time -----------------------------------------------------------
+
+    def test_heartbeats_keep_a_long_job_claimed(
+        self, worker_apps: AppFactory, worker_log_dir: str
+    ) -> None:
+        """A job running three times its one-second visibility timeout is
+        never reclaimed: the worker heartbeats it (real time, bounded)."""
+        app = worker_apps(visibility_timeout_s=1)
+        thief = worker_apps(visibility_timeout_s=1).queue(QUEUE)
+        job_id = app.tasks["gated"].enqueue(worker_log_dir, "long")
+        running = RunningWorker(app.worker(poll_interval_s=0.1, handle_signals=False))
+        try:
+            wait_until(lambda: started(worker_log_dir), "the job to start")
+            claimed = app.queue(QUEUE).get_job(job_id)
+            assert claimed is not None
+            assert claimed.claim_deadline is not None
+            first_deadline = claimed.claim_deadline
+            end = time.monotonic() + 3.0
+            while time.monotonic() < end:
+                stolen = thief.claim_one("thief")
+                assert stolen is None, f"job {job_id} was reclaimed while running"
+                time.sleep(0.1)
+            later = app.queue(QUEUE).get_job(job_id)
+            assert later is not None
+            assert later.state == "processing"
+            assert later.attempts == 1
+            assert later.claim_deadline is not None
+            assert later.claim_deadline >= first_deadline + timedelta(seconds=2)
+            release(worker_log_dir)
+            wait_until(lambda: running.worker.counts.total, "the job to finish")
+        finally:
+            release(worker_log_dir)
+            counts = running.finish()
+        assert counts == WorkerCounts(succeeded=1)
+        assert app.queue(QUEUE).get_job(job_id) is None
+
+    # -- processes (real time) -----------------------------------------------
+
+    @pytest.mark.slow
+    def test_processes_run_every_job_exactly_once(
+        self, worker_apps: AppFactory, worker_spawn: Callable[..., ChildWorker], worker_log_dir: str
+    ) -> None:
+        """Three worker processes, two threads each, drain 300 jobs in burst
+        mode: each job runs exactly once."""
+        app = worker_apps()
+        tokens = [f"p{i}" for i in range(300)]
+        app.tasks["record"].enqueue_many([(worker_log_dir, t) for t in tokens])
+        children = [worker_spawn(burst=True, concurrency=2) for _ in range(3)]
+        for child in children:
+            assert child.join() == 0, child.log_text()
+        assert executions(worker_log_dir) == dict.fromkeys(tokens, 1)
+        assert tuple(app.queue(QUEUE).stats()) == (0, 0, 0, 0)
+
+    @pytest.mark.slow
+    def test_sigkill_mid_job_leaves_jobs_to_be_reclaimed(
+        self, worker_apps: AppFactory, worker_spawn: Callable[..., ChildWorker], worker_log_dir: str
+    ) -> None:
+        """A worker process killed with SIGKILL while running three jobs loses
+        none: their claims lapse (visibility timeout 1 s) and another worker
+        reclaims and finishes each (at-least-once)."""
+        app = worker_apps(visibility_timeout_s=1)
+        queue = app.queue(QUEUE)
+        tokens = ["k0", "k1", "k2"]
+        ids = app.tasks["gated"].enqueue_many([(worker_log_dir, t) for t in tokens])
+        child = worker_spawn(visibility_timeout_s=1, concurrency=3)
+        wait_until(lambda: len(started(worker_log_dir)) == 3, "the child to start all jobs")
+        os.kill(child.pid, signal.SIGKILL)
+        assert child.join() == -signal.SIGKILL
+        for job_id in ids:
+            orphan = queue.get_job(job_id)
+            assert orphan is not None
+            assert orphan.state == "processing"
+
+        release(worker_log_dir)
+        rescuer = RunningWorker(
+            app.worker(concurrency=3, poll_interval_s=0.1, handle_signals=False)
+        )
+        try:
+            wait_until(
+                lambda: not any(queue.stats()),
+                "the orphans to be reclaimed and acked",
+                RECLAIM_WAIT_S,
+            )
+        finally:
+            counts = rescuer.finish()
+        assert counts.succeeded == 3
+        assert executions(worker_log_dir) == dict.fromkeys(tokens, 1)
+        assert started(worker_log_dir) == dict.fromkeys(tokens, 2)
+
+    @pytest.mark.slow
+    def test_sigterm_lets_running_jobs_finish(
+        self, worker_apps: AppFactory, worker_spawn: Callable[..., ChildWorker], worker_log_dir: str
+    ) -> None:
+        """SIGTERM stops claiming at once; the two running jobs finish and are
+        acked within the grace period; the process exits 0; the third job
+        was never claimed."""
+        app = worker_apps()
+        queue = app.queue(QUEUE)
+        gated_ids = app.tasks["gated"].enqueue_many([(worker_log_dir, t) for t in ("t0", "t1")])
+        waiting_id = app.tasks["record"].enqueue(worker_log_dir, "t2")
+        child = worker_spawn(concurrency=2, grace_period_s=WAIT_S)
+        wait_until(lambda: len(started(worker_log_dir)) == 2, "the child to start two jobs")
+        os.kill(child.pid, signal.SIGTERM)
+        wait_until(lambda: "SIGTERM received" in child.log_text(), "the child to see SIGTERM")
+        child.process.join(0.5)
+        assert child.process.is_alive(), "the worker exited before its running jobs finished"
+        release(worker_log_dir)
+        assert child.join() == 0, child.log_text()
+
+        assert all(queue.get_job(i) is None for i in gated_ids)
+        waiting = queue.get_job(waiting_id)
+        assert waiting is not None
+        assert (waiting.state, waiting.attempts) == ("pending", 0)
+        assert executions(worker_log_dir) == {"t0": 1, "t1": 1}
+
+    @pytest.mark.slow
+    def test_sigterm_past_the_grace_period_leaves_the_job_to_lapse(
+        self, worker_apps: AppFactory, worker_spawn: Callable[..., ChildWorker], worker_log_dir: str
+    ) -> None:
+        """A job still running when the grace period ends is left claimed: the
+        process exits 0 and the job, once its claim lapses, is reclaimed by
+        another worker and finished."""
+        app = worker_apps(visibility_timeout_s=1)
+        queue = app.queue(QUEUE)
+        job_id = app.tasks["gated"].enqueue(worker_log_dir, "stuck")
+        child = worker_spawn(visibility_timeout_s=1, grace_period_s=0.5)
+        wait_until(lambda: started(worker_log_dir), "the child to start the job")
+        os.kill(child.pid, signal.SIGTERM)
+        assert child.join() == 0, child.log_text()
+        assert "still running" in child.log_text()
+        left = queue.get_job(job_id)
+        assert left is not None
+        assert left.state == "processing"
+
+        release(worker_log_dir)
+        rescuer = RunningWorker(app.worker(poll_interval_s=0.1, handle_signals=False))
+        try:
+            wait_until(
+                lambda: queue.get_job(job_id) is None,
+                "the job to be reclaimed and acked",
+                RECLAIM_WAIT_S,
+            )
+        finally:
+            counts = rescuer.finish()
+        assert counts.succeeded == 1
+        assert executions(worker_log_dir) == {"stuck": 1}

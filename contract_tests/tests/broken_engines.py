@@ -1,0 +1,258 @@
+"""Deliberately broken engines: the SQLite engine with one fault each.
+
+The meta-tests run the contract suite against them and expect it to fail
+(a contract that cannot fail proves nothing). Each engine subclasses the
+SQLite engine's classes and breaks exactly one rule; importing this module
+registers them in-process under their URL schemes, so a spawned child that
+imports it (the harness's ``child_process_imports``) can open them too.
+
+The faults are written as SQL of their own over the SQLite engine's tables
+and row helpers (``_alkstore_jobs``, ``bury_sql``, ``job_from_row``), so
+they do not depend on how the engine words its own statements. The meta-test
+``test_the_sqlite_engine_passes_the_same_selection`` is the control.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+import alkstore
+from alkstore import AlkstoreError, JobHandle, QueueOpts
+from alkstore.engine import MAX_ATTEMPTS_EXCEEDED, check_engine_options
+from alkstore_contract_tests import StoreTarget
+from alkstore_sqlite import ENGINE_OPTIONS, SqliteJobHandle, SqliteQueue, SqliteStore, parse_url
+from alkstore_sqlite._rows import LIVE_COLUMNS, bury_sql, job_from_row, to_us
+
+_HARNESS_PATH = Path(__file__).resolve().parents[2] / "alkstore_sqlite" / "tests" / "harness.py"
+
+
+def _load_sqlite_harness() -> type[Any]:
+    # The SQLite tests folder is not a package; load its harness by path
+    # under a name of its own.
+    spec = importlib.util.spec_from_file_location("alkstore_sqlite_test_harness", _HARNESS_PATH)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    harness: type[Any] = module.SqliteHarness
+    return harness
+
+
+SqliteHarness = _load_sqlite_harness()
+
+
+def _claim_params(queue: SqliteQueue, worker_id: str, n: int) -> dict[str, Any]:
+    return {
+        "queue": queue.name,
+        "worker": worker_id,
+        "now": to_us(queue.store._now()),
+        "n": n,
+        "error": MAX_ATTEMPTS_EXCEEDED,
+    }
+
+
+# -- (a) claim order inverted ------------------------------------------------
+
+_EXHAUSTED = (
+    "queue = :queue AND state = 'processing' AND attempts >= max_attempts "
+    "AND claim_deadline <= :now"
+)
+_DUE = "queue = :queue AND state = 'pending' AND run_at <= :now " + (
+    "AND (expires_at IS NULL OR expires_at > :now)"
+)
+_ELIGIBLE = (
+    "queue = :queue AND (expires_at IS NULL OR expires_at > :now) AND ("
+    "(state = 'pending' AND run_at <= :now) OR (state = 'processing' "
+    "AND claim_deadline <= :now AND attempts < max_attempts))"
+)
+_WRONG_ORDER_CLAIM = f"""
+    UPDATE _alkstore_jobs
+    SET state = 'processing', attempts = attempts + 1, worker_id = :worker,
+        claim_deadline = :now + max(1, CAST(round(visibility_timeout_s * 1e6) AS INTEGER))
+    WHERE id IN (
+        SELECT id FROM _alkstore_jobs WHERE {_ELIGIBLE}
+        ORDER BY priority ASC, run_at, id LIMIT :n)
+    RETURNING {LIVE_COLUMNS}
+"""
+
+
+def _claim_inverted(conn: sqlite3.Connection, params: dict[str, Any]) -> list[Any]:
+    conn.execute(bury_sql(_EXHAUSTED), params)
+    conn.execute(f"DELETE FROM _alkstore_jobs WHERE {_EXHAUSTED}", params)
+    rows: list[Any] = conn.execute(_WRONG_ORDER_CLAIM, params).fetchall()
+    return rows
+
+
+class WrongOrderQueue(SqliteQueue):
+    """Claims the lowest priority first (``priority ASC``)."""
+
+    def _claim(self, worker_id: str, n: int) -> list[JobHandle]:
+        params = _claim_params(self, worker_id, n)
+        rows = self._store._pool.transaction(_claim_inverted, params)
+        rows.sort(key=lambda row: (row[5], row[6], row[0]))
+        return [SqliteJobHandle(self, job_from_row(row)) for row in rows]
+
+
+# -- (b) a stale handle is accepted ------------------------------------------
+
+
+class StaleHandle(SqliteJobHandle):
+    """Forgets the claim's identity: it acts with the row's current attempt
+    count, so the validity predicate ignores whose claim it is."""
+
+    def _params(self, **extra: Any) -> dict[str, Any]:
+        params = super()._params(**extra)
+        current = self._queue._get_job(self._job.id)
+        if current is not None:
+            params["attempts"] = current.attempts
+        return params
+
+
+class StaleQueue(SqliteQueue):
+    def _claim(self, worker_id: str, n: int) -> list[JobHandle]:
+        return [StaleHandle(self, handle.job) for handle in super()._claim(worker_id, n)]
+
+
+# -- (c) a claim that reads, then updates without a lock ----------------------
+
+_PEEK = f"""
+    SELECT id FROM _alkstore_jobs WHERE {_DUE}
+    ORDER BY priority DESC, run_at, id LIMIT :n
+"""
+_TAKE = f"""
+    UPDATE _alkstore_jobs
+    SET state = 'processing', attempts = attempts + 1, worker_id = :worker,
+        claim_deadline = :now + CAST(round(visibility_timeout_s * 1e6) AS INTEGER)
+    WHERE id = :id
+    RETURNING {LIVE_COLUMNS}
+"""
+
+
+def _fetchall(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> list[Any]:
+    rows: list[Any] = conn.execute(sql, params).fetchall()
+    return rows
+
+
+class RacyClaimQueue(SqliteQueue):
+    """Reads the due ids in one statement and takes them in others, without
+    re-checking that they are still pending: concurrent claims double up."""
+
+    def _claim(self, worker_id: str, n: int) -> list[JobHandle]:
+        params = _claim_params(self, worker_id, n)
+        pool = self._store._pool
+        ids = [row[0] for row in pool.run(_fetchall, _PEEK, params)]
+        time.sleep(0.002)  # the scheduling point every read-then-write race has
+        rows = [row for i in ids for row in pool.run(_fetchall, _TAKE, {**params, "id": i})]
+        return [SqliteJobHandle(self, job_from_row(row)) for row in rows]
+
+
+# -- (d) a dead-letter move in two steps, errors swallowed --------------------
+
+
+def _rowcount(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> int:
+    return conn.execute(sql, params).rowcount
+
+
+_BURY_VALID = bury_sql(
+    "id = :id AND state = 'processing' AND attempts = :attempts AND claim_deadline > :now"
+)
+
+
+class LeakyDeadLetterHandle(SqliteJobHandle):
+    """Copies the row to the dead table and deletes it in two separate
+    statements, and swallows a failed copy."""
+
+    def _dead_letter(self, error: str) -> bool:
+        params = self._params(error=error)
+        pool = self._queue._store._pool
+        try:
+            moved = pool.run(_rowcount, _BURY_VALID, params)
+        except AlkstoreError:
+            moved = 1  # "the insert probably worked"
+        if moved != 1:
+            return False
+        pool.run(_rowcount, "DELETE FROM _alkstore_jobs WHERE id = :id", params)
+        return True
+
+
+class LeakyDeadLetterQueue(SqliteQueue):
+    def _claim(self, worker_id: str, n: int) -> list[JobHandle]:
+        handles = super()._claim(worker_id, n)
+        return [LeakyDeadLetterHandle(self, handle.job) for handle in handles]
+
+
+# -- registration --------------------------------------------------------------
+
+QUEUE_CLASSES: dict[str, type[SqliteQueue]] = {
+    "broken-order": WrongOrderQueue,
+    "broken-stale": StaleQueue,
+    "broken-claim": RacyClaimQueue,
+    "broken-dead": LeakyDeadLetterQueue,
+}
+
+
+def _factory(queue_class: type[SqliteQueue]) -> Any:
+    class BrokenStore(SqliteStore):
+        def _open_queue(self, name: str, opts: QueueOpts) -> SqliteQueue:
+            return queue_class(self, name, opts)
+
+    def open_broken(url: str, **options: Any) -> SqliteStore:
+        check_engine_options(options, ENGINE_OPTIONS)
+        return BrokenStore(parse_url("sqlite" + url[url.index("://") :]), **options)
+
+    return open_broken
+
+
+for _scheme, _queue_class in QUEUE_CLASSES.items():
+    alkstore.register(_scheme, _factory(_queue_class))
+
+
+def _as_sqlite(target: StoreTarget) -> StoreTarget:
+    return StoreTarget("sqlite" + target.url[target.url.index("://") :], target.options)
+
+
+class _BrokenHarness(SqliteHarness):  # type: ignore[misc, valid-type]
+    scheme: ClassVar[str]
+    child_process_imports = ("broken_engines",)
+
+    @pytest.fixture
+    def alkstore_target(self, tmp_path: Path) -> Iterator[StoreTarget]:
+        yield StoreTarget(f"{self.scheme}:///{tmp_path / 'alkstore.db'}", {})  # noqa: PT022
+
+    def app_connection(self, target: StoreTarget) -> contextlib.AbstractContextManager[Any]:
+        connection: contextlib.AbstractContextManager[Any] = super().app_connection(
+            _as_sqlite(target)
+        )
+        return connection
+
+    def dead_letter_inserts_fail(
+        self, target: StoreTarget
+    ) -> contextlib.AbstractContextManager[None]:
+        faults: contextlib.AbstractContextManager[None] = super().dead_letter_inserts_fail(
+            _as_sqlite(target)
+        )
+        return faults
+
+
+class WrongOrderHarness(_BrokenHarness):
+    scheme = "broken-order"
+
+
+class StaleHandleHarness(_BrokenHarness):
+    scheme = "broken-stale"
+
+
+class RacyClaimHarness(_BrokenHarness):
+    scheme = "broken-claim"
+
+
+class LeakyDeadLetterHarness(_BrokenHarness):
+    scheme = "broken-dead"

@@ -1,0 +1,215 @@
+"""An in-process engine built on the suite's model, for the meta-tests.
+
+It serves ``memory://NAME`` URLs: stores opened on one name share one
+database held in this process (so it cannot serve child processes). Every
+operation takes one lock around the model, which makes it trivially atomic.
+It exists to show that the suite passes on a correct engine that is not
+SQLite, and that the harness capabilities skip what such an engine cannot do.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+import alkstore
+from alkstore import Job, JobHandle, Queue, QueueOpts, QueueStats, Store, Subscription, SweepResult
+from alkstore.engine import (
+    EncodedPayload,
+    Resolved,
+    WakeLatch,
+    check_engine_options,
+    check_schema_version,
+    decode_payload,
+)
+from alkstore.errors import ValidationError
+from alkstore_contract_tests import EngineHarness, StoreTarget
+from alkstore_contract_tests.model import ModelHandle, ModelJob, ModelResolution, ModelStore
+
+
+@dataclass
+class _Database:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    model: ModelStore = field(default_factory=ModelStore)
+    payloads: dict[int, EncodedPayload] = field(default_factory=dict)
+    next_id: int = 1
+    migrated: bool = False
+    latches: dict[str, list[WakeLatch]] = field(default_factory=dict)
+
+
+_DATABASES: dict[str, _Database] = {}
+_DATABASES_LOCK = threading.Lock()
+
+
+def _database(url: str) -> _Database:
+    with _DATABASES_LOCK:
+        return _DATABASES.setdefault(url, _Database())
+
+
+class MemoryStore(Store):
+    def __init__(self, url: str, **options: Any) -> None:
+        check_engine_options(options)
+        super().__init__(clock=options.get("clock"), rng=options.get("rng"))
+        self.db = _database(url)
+        migrate = options.get("migrate", True)
+        check_schema_version(1 if self.db.migrated else None, 1, migrating=migrate)
+        if migrate:
+            self._migrate()
+
+    def _open_queue(self, name: str, opts: QueueOpts) -> Queue:
+        return MemoryQueue(self, name, opts)
+
+    def _open_subscription(self, queue_name: str) -> Subscription:
+        return MemorySubscription(self, queue_name)
+
+    def _migrate(self) -> None:
+        self.db.migrated = True
+
+    def _close(self) -> None:
+        pass
+
+
+class MemorySubscription(Subscription):
+    def __init__(self, store: MemoryStore, queue_name: str) -> None:
+        super().__init__(store, queue_name)
+        self._db = store.db
+        self._latch = WakeLatch()
+        with self._db.lock:
+            self._db.latches.setdefault(queue_name, []).append(self._latch)
+
+    def _wait(self, timeout_s: float) -> bool:
+        return self._latch.wait(timeout_s)
+
+    def _close(self) -> None:
+        with self._db.lock:
+            self._db.latches[self.queue_name].remove(self._latch)
+
+
+class MemoryQueue(Queue):
+    _store: MemoryStore
+
+    @property
+    def db(self) -> _Database:
+        return self._store.db
+
+    def _job(self, row: ModelJob) -> Job:
+        data = self.db.payloads[row.id]
+        return Job(
+            id=row.id,
+            queue=row.queue,
+            state=row.state,
+            payload=decode_payload(data.data, data.content_type),
+            payload_bytes=data.data,
+            content_type=data.content_type,
+            priority=row.priority,
+            run_at=row.run_at,
+            expires_at=row.expires_at,
+            enqueued_at=row.enqueued_at,
+            attempts=row.attempts,
+            max_attempts=row.max_attempts,
+            visibility_timeout_s=row.visibility_timeout_s,
+            backoff_base_s=row.backoff_base_s,
+            backoff_cap_s=row.backoff_cap_s,
+            worker_id=row.worker_id,
+            claim_deadline=row.claim_deadline,
+            last_error=row.last_error,
+            died_at=row.died_at,
+        )
+
+    def _insert(self, resolved: Resolved, payloads: Sequence[EncodedPayload]) -> list[int]:
+        res = ModelResolution(**vars(resolved))
+        with self.db.lock:
+            ids = list(range(self.db.next_id, self.db.next_id + len(payloads)))
+            self.db.next_id += len(payloads)
+            self.db.model.insert(self.name, ids, [None] * len(ids), res)
+            self.db.payloads.update(zip(ids, payloads, strict=True))
+            latches = list(self.db.latches.get(self.name, []))
+        for latch in latches:
+            latch.set()
+        return ids
+
+    def _insert_tx(self, conn: Any, resolved: Resolved, payload: EncodedPayload) -> int:
+        raise ValidationError("the memory engine has no application connections")
+
+    def _claim(self, worker_id: str, n: int) -> list[JobHandle]:
+        now = self._store._now()
+        with self.db.lock:
+            claims = self.db.model.claim(self.name, worker_id, n, now)
+            return [MemoryHandle(self, self._job(c.snapshot), c) for c in claims]
+
+    def _ack_batch(self, job_ids: list[int]) -> int:
+        now = self._store._now()
+        with self.db.lock:
+            return self.db.model.ack_batch(self.name, job_ids, now)
+
+    def _cancel(self, job_id: int) -> bool:
+        with self.db.lock:
+            return self.db.model.cancel(self.name, job_id)
+
+    def _get_job(self, job_id: int) -> Job | None:
+        with self.db.lock:
+            row = self.db.model.get_job(self.name, job_id)
+            return None if row is None else self._job(row)
+
+    def _sweep_expired(self, retention_s: float | None) -> SweepResult:
+        now = self._store._now()
+        with self.db.lock:
+            return SweepResult(*self.db.model.sweep_expired(self.name, retention_s, now))
+
+    def _stats(self) -> QueueStats:
+        now = self._store._now()
+        with self.db.lock:
+            return QueueStats(*self.db.model.stats(self.name, now))
+
+
+class MemoryHandle(JobHandle):
+    _queue: MemoryQueue
+
+    def __init__(self, queue: MemoryQueue, job: Job, claim: ModelHandle) -> None:
+        super().__init__(queue, job)
+        self._claim = claim
+
+    def _now_and_db(self) -> Any:
+        return self._queue.store._now(), self._queue.db
+
+    def _ack(self) -> bool:
+        now, db = self._now_and_db()
+        with db.lock:
+            return bool(db.model.ack(self._claim, now))
+
+    def _retry(self, error: str, delay_s: float) -> bool:
+        now, db = self._now_and_db()
+        with db.lock:
+            return bool(db.model.retry(self._claim, error, now, delay_s))
+
+    def _dead_letter(self, error: str) -> bool:
+        now, db = self._now_and_db()
+        with db.lock:
+            return bool(db.model.fail(self._claim, error, now))
+
+    def _heartbeat(self, extend_s: float) -> bool:
+        now, db = self._now_and_db()
+        with db.lock:
+            return bool(db.model.heartbeat(self._claim, extend_s, now))
+
+
+alkstore.register("memory", MemoryStore)
+
+
+class MemoryHarness(EngineHarness):
+    """A fresh in-process database per test; no application connection, no
+    fault injection, no child processes."""
+
+    spawned_processes_can_open = False
+
+    @pytest.fixture
+    def alkstore_target(self) -> Iterator[StoreTarget]:
+        url = f"memory://{uuid.uuid4().hex}"
+        yield StoreTarget(url, {})
+        with _DATABASES_LOCK:
+            _DATABASES.pop(url, None)
