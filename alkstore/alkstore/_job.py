@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from datetime import datetime
+from functools import cached_property
 from typing import Any, Literal, NamedTuple
 
-__all__ = ["Job", "JobState", "QueueStats", "SweepResult"]
+from alkstore._codec import decode_payload
+
+__all__ = ["JOB_FIELDS", "Job", "JobState", "QueueStats", "SweepResult", "job_from_values"]
 
 JobState = Literal["pending", "processing", "dead"]
 
@@ -25,7 +29,6 @@ class Job:
     id: int
     queue: str
     state: JobState
-    payload: Any
     payload_bytes: bytes
     content_type: str
     priority: int
@@ -41,6 +44,30 @@ class Job:
     claim_deadline: datetime | None
     last_error: str | None
     died_at: datetime | None
+
+    @cached_property
+    def payload(self) -> Any:
+        """The decoded payload: ``bytes`` for ``application/octet-stream``,
+        else the JSON value (SPEC §3 "Payload"). Decoded on first read, so a
+        claim of many jobs does not pay for payloads nobody reads."""
+        return decode_payload(self.payload_bytes, self.content_type)
+
+
+#: :class:`Job`'s dataclass fields in order (``payload`` is derived, not a field).
+JOB_FIELDS = tuple(f.name for f in fields(Job))
+_new = object.__new__
+
+
+def job_from_values(values: Sequence[Any]) -> Job:
+    """Build a :class:`Job` from values in :data:`JOB_FIELDS` order.
+
+    For engines turning rows into jobs: equal to ``Job(*values)`` but about
+    three times faster, because the frozen dataclass's ``__init__`` sets each
+    field through ``object.__setattr__``; a batch claim builds one per row.
+    """
+    job: Job = _new(Job)
+    job.__dict__.update(zip(JOB_FIELDS, values, strict=True))
+    return job
 
 
 class SweepResult(NamedTuple):

@@ -185,7 +185,11 @@ def job_ids(values: Iterable[object]) -> list[int]:
     """
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
         raise ValidationError("job ids must be an iterable of ints")
-    return list(dict.fromkeys(job_id(v) for v in values))
+    items = list(values)
+    for value in items:
+        if type(value) is not int:
+            job_id(value)  # raises unless an int subclass other than bool
+    return list(dict.fromkeys(items))  # type: ignore[arg-type]
 
 
 def error_text(value: object, what: str = "error") -> str:

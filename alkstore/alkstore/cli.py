@@ -342,8 +342,9 @@ def _jsonable(value: Any) -> Any:
 
 
 def _job_fields(job: Job) -> dict[str, Any]:
-    fields = {f.name: getattr(job, f.name) for f in dataclasses.fields(job)}
-    del fields["payload_bytes"]
+    # The decoded payload stands where its bytes are in the dataclass.
+    names = ["payload" if f.name == "payload_bytes" else f.name for f in dataclasses.fields(job)]
+    fields = {name: getattr(job, name) for name in names}
     return {name: _jsonable(value) for name, value in fields.items()}
 
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 
 from alkstore._codec import EncodedPayload, decode_payload
 from alkstore._handle import FAILED, MAX_ATTEMPTS_EXCEEDED
+from alkstore._job import JOB_FIELDS, job_from_values
 from alkstore._latch import WakeLatch
 from alkstore._resolution import Resolved
 from alkstore.errors import SchemaVersionError, ValidationError
@@ -18,6 +19,7 @@ __all__ = [
     "COMMON_OPTIONS",
     "EXPIRED",
     "FAILED",
+    "JOB_FIELDS",
     "MAX_ATTEMPTS_EXCEEDED",
     "EncodedPayload",
     "Resolved",
@@ -25,6 +27,7 @@ __all__ = [
     "check_engine_options",
     "check_schema_version",
     "decode_payload",
+    "job_from_values",
 ]
 
 #: ``last_error`` of a job that ``sweep_expired`` moved to the dead table.

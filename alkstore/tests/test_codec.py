@@ -121,3 +121,21 @@ def test_sixteen_mib_is_accepted() -> None:
 def test_unknown_content_type_is_an_error() -> None:
     with pytest.raises(ValueError, match="content type"):
         decode_payload(b"{}", "text/plain")
+
+
+def test_job_payload_is_decoded_from_its_bytes_on_first_read() -> None:
+    from datetime import UTC, datetime
+
+    from alkstore import Job
+    from alkstore.engine import JOB_FIELDS, job_from_values
+
+    at = datetime(2030, 1, 1, tzinfo=UTC)
+    values = (7, "q", "pending", b'{"a":[1]}', JSON, 0, at, None, at, 0, 5, 30.0, 4, 3600)
+    values += (None, None, None, None)
+    job = job_from_values(values)
+    assert job == Job(*values)
+    assert "payload" not in JOB_FIELDS
+    assert job.payload == {"a": [1]}
+    assert job.payload is job.payload  # decoded once
+    raw = job_from_values((8, "q", "dead", b"\x00\xff", OCTET_STREAM, *values[5:]))
+    assert raw.payload == b"\x00\xff"

@@ -8,13 +8,12 @@ Durations given in seconds become whole microseconds the same way.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from alkstore import Job
-from alkstore.engine import decode_payload
+from alkstore.engine import job_from_values
 
 __all__ = [
     "DEAD_COLUMNS",
@@ -82,24 +81,6 @@ def seconds_to_us(seconds: float) -> int:
     return round(seconds * _US)
 
 
-# Job is a frozen dataclass, whose __init__ sets each of its 19 fields through
-# object.__setattr__; filling the instance dict directly builds the same
-# object in about a third of the time, which is most of a claim's Python
-# cost per row. Only while Job keeps a plain __dict__ and no __post_init__;
-# otherwise the ordinary constructor is used.
-_JOB_FIELDS = tuple(field.name for field in dataclasses.fields(Job))
-_FAST_JOBS = "__slots__" not in Job.__dict__ and not hasattr(Job, "__post_init__")
-_new = object.__new__
-
-
-def _make_job(values: tuple[Any, ...]) -> Job:
-    if _FAST_JOBS:
-        job: Job = _new(Job)
-        job.__dict__.update(zip(_JOB_FIELDS, values, strict=True))
-        return job
-    return Job(*values)
-
-
 def jobs_from_rows(rows: Sequence[Sequence[Any]]) -> list[Job]:
     """Build a :class:`~alkstore.Job` from each row of :data:`LIVE_COLUMNS` or
     :data:`DEAD_COLUMNS`.
@@ -141,12 +122,11 @@ def jobs_from_rows(rows: Sequence[Sequence[Any]]) -> list[Job]:
             died_at,
         ) = row
         jobs.append(
-            _make_job(
+            job_from_values(
                 (
                     job_id,
                     queue,
                     state,
-                    decode_payload(payload, content_type),
                     payload,
                     content_type,
                     priority,

@@ -25,7 +25,6 @@ from alkstore.engine import (
     WakeLatch,
     check_engine_options,
     check_schema_version,
-    decode_payload,
 )
 from alkstore.errors import ValidationError
 from alkstore_contract_tests import EngineHarness, StoreTarget
@@ -103,7 +102,6 @@ class MemoryQueue(Queue):
             id=row.id,
             queue=row.queue,
             state=row.state,
-            payload=decode_payload(data.data, data.content_type),
             payload_bytes=data.data,
             content_type=data.content_type,
             priority=row.priority,

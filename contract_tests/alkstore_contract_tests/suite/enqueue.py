@@ -34,7 +34,6 @@ class OptionResolutionTests(ContractFixtures):
             id=job_id,
             queue="jobs",
             state="pending",
-            payload={"a": 1},
             payload_bytes=b'{"a":1}',
             content_type="application/json",
             priority=0,
@@ -51,6 +50,7 @@ class OptionResolutionTests(ContractFixtures):
             last_error=None,
             died_at=None,
         )
+        assert job(queue, job_id).payload == {"a": 1}
 
     def test_queue_opts_are_stamped(self, store: Store) -> None:
         opts = QueueOpts(
