@@ -8,7 +8,9 @@ for the peer columns, bench/requirements.txt)::
 
 Every figure is jobs (or rows) per second unless the unit says otherwise.
 "raw" runs the bare statements an ideal queue would need, on the same file
-settings (WAL, synchronous=NORMAL), so the ratio shows alkstore's own cost.
+settings (WAL, the same ``synchronous``), so the ratio shows alkstore's own
+cost. ``--synchronous full`` is alkstore's durable default; ``normal`` is the
+faster setting whose last commits a power loss may drop.
 "W waiting" means at least W further jobs stay queued during the measurement.
 """
 
@@ -46,10 +48,10 @@ class Raw:
     one UPDATE ... RETURNING per claim (returning what a worker needs at
     least: the id and the payload), one DELETE per ack."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, synchronous: str) -> None:
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute(f"PRAGMA synchronous={synchronous}")
         self.db.execute(
             "CREATE TABLE IF NOT EXISTS jobs (id INTEGER PRIMARY KEY AUTOINCREMENT,"
             " queue TEXT NOT NULL, state INTEGER NOT NULL DEFAULT 0,"
@@ -130,18 +132,19 @@ def drain_batches(q: alkstore.Queue, n: int, batch: int = BATCH) -> None:
         done += len(handles)
 
 
-def _drain_child(url: str, n: int, start: Any) -> None:
-    with alkstore.open(url) as store:
+def _drain_child(url: str, n: int, start: Any, synchronous: str) -> None:
+    with alkstore.open(url, synchronous=synchronous) as store:
         q = store.queue("q")
         start.wait()
         drain_batches(q, n)
 
 
-def drain_processes(url: str, n: int, procs: int) -> float:
+def drain_processes(url: str, n: int, procs: int, synchronous: str) -> float:
     ctx = mp.get_context("spawn")
     start = ctx.Event()
     children = [
-        ctx.Process(target=_drain_child, args=(url, n // procs, start)) for _ in range(procs)
+        ctx.Process(target=_drain_child, args=(url, n // procs, start, synchronous))
+        for _ in range(procs)
     ]
     for c in children:
         c.start()
@@ -257,7 +260,9 @@ def median_of(times: int, measure: Callable[[], float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    parser.add_argument("--synchronous", choices=["full", "normal"], default="full")
     args = parser.parse_args()
+    sync = {"synchronous": args.synchronous}
     big = 20_000 if args.quick else 1_000_000
     per_row = 2_000
     batched = 20_000
@@ -265,15 +270,15 @@ def main() -> None:
     systems = ["raw sqlite3", "alkstore", "alkstore/raw", "huey", "persist-queue"]
     table = Table(
         f"SQLite, {os.cpu_count()} cores, Python {sys.version.split()[0]},"
-        f" SQLite {sqlite3.sqlite_version}",
+        f" SQLite {sqlite3.sqlite_version}, synchronous={args.synchronous}",
         systems,
     )
 
     for waiting in (1_000, big):
         label = f"{waiting:,} waiting"
-        raw = Raw(tmp / f"raw-{waiting}.db")
+        raw = Raw(tmp / f"raw-{waiting}.db", args.synchronous)
         url = f"sqlite:///{tmp / f'alk-{waiting}.db'}"
-        store = alkstore.open(url)
+        store = alkstore.open(url, **sync)
         q = store.queue("q")
         raw.insert_batches(waiting + per_row + batched, 10_000)
         enqueue_batches(q, waiting + per_row + batched, 10_000)
@@ -302,8 +307,9 @@ def main() -> None:
                 )
             )
         store.close()
-        enqueue_batches(alkstore.open(url).queue("q"), batched, 10_000)
-        four = drain_processes(url, batched, 4)
+        with alkstore.open(url, **sync) as refill:
+            enqueue_batches(refill.queue("q"), batched, 10_000)
+        four = drain_processes(url, batched, 4, args.synchronous)
         table.add(
             Row(
                 f"claim_batch({BATCH}) + ack_batch drain, 4 processes, {label}",

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+import alkstore
 from alkstore.errors import EngineError, StoreClosedError
+from alkstore_sqlite import SqliteStore
 from alkstore_sqlite._connection import ConnectionPool, is_busy
 
 
@@ -97,3 +99,21 @@ def test_connections_are_reused_and_closed(tmp_path: Path) -> None:
             conn.execute("SELECT 1")
     with pytest.raises(StoreClosedError):
         pool.run(hold)
+
+
+@pytest.mark.parametrize(("option", "pragma"), [({}, 2), ({"synchronous": "normal"}, 1)])
+def test_commits_are_synced_to_disk_unless_told_otherwise(
+    tmp_path: Path, option: dict[str, str], pragma: int
+) -> None:
+    # PRAGMA synchronous: 2 is FULL (a commit is on disk before it returns,
+    # nothing committed is lost to a power cut), 1 is NORMAL.
+    with alkstore.open(f"sqlite:///{tmp_path / 'a.db'}", **option) as store:
+        assert isinstance(store, SqliteStore)
+        seen = store._pool.run(lambda conn: conn.execute("PRAGMA synchronous").fetchone()[0])
+        assert seen == pragma
+
+
+@pytest.mark.parametrize("bad", ["off", "FULL", 2, None])
+def test_synchronous_takes_full_or_normal(tmp_path: Path, bad: object) -> None:
+    with pytest.raises(alkstore.ValidationError, match="synchronous"):
+        alkstore.open(f"sqlite:///{tmp_path / 'a.db'}", synchronous=bad)
