@@ -13,6 +13,7 @@ from alkstore._handle import FAILED, MAX_ATTEMPTS_EXCEEDED
 from alkstore._job import JOB_FIELDS, job_from_values
 from alkstore._latch import WakeLatch
 from alkstore._resolution import Resolved
+from alkstore._validation import duration_s
 from alkstore.errors import SchemaVersionError, ValidationError
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "check_engine_options",
     "check_schema_version",
     "decode_payload",
+    "duration_s",
     "job_from_values",
 ]
 

@@ -8,8 +8,7 @@ import threading
 from typing import Any
 
 from alkstore import QueueOpts, Store
-from alkstore import _validation as v
-from alkstore.engine import check_engine_options, check_schema_version
+from alkstore.engine import check_engine_options, check_schema_version, duration_s
 from alkstore.errors import ValidationError
 from alkstore_sqlite import _schema
 from alkstore_sqlite._connection import SYNCHRONOUS, ConnectionPool
@@ -91,8 +90,8 @@ class SqliteStore(Store):
                 f"synchronous must be one of {', '.join(map(repr, SYNCHRONOUS))}, "
                 f"got {synchronous!r}"
             )
-        self._busy_timeout_s = v.duration_s(busy_timeout_s, "busy_timeout_s", positive=True)
-        self._poll_interval_s = v.duration_s(poll_interval_s, "poll_interval_s", positive=True)
+        self._busy_timeout_s = duration_s(busy_timeout_s, "busy_timeout_s", positive=True)
+        self._poll_interval_s = duration_s(poll_interval_s, "poll_interval_s", positive=True)
         self._path = os.path.abspath(path)
         if not migrate and not os.path.exists(self._path):
             # Do not create an empty file only to report that it is empty.
