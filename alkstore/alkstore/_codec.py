@@ -19,6 +19,7 @@ from alkstore.errors import ValidationError
 
 __all__ = [
     "JSON",
+    "MAX_INT_DIGITS",
     "MAX_NESTING",
     "MAX_PAYLOAD_BYTES",
     "OCTET_STREAM",
@@ -34,6 +35,11 @@ MAX_PAYLOAD_BYTES = 64 * 2**20
 #: The deepest nesting of lists and dicts accepted; deeper raises at enqueue,
 #: so a payload never fails to decode later in a worker.
 MAX_NESTING = 256
+#: The most decimal digits of a JSON int: Python's default limit for reading
+#: ints from text (``sys.int_info.default_max_str_digits``), so a payload
+#: decodes in any process, whatever limit the producer set.
+MAX_INT_DIGITS = 4300
+_INT_LIMIT = 10**MAX_INT_DIGITS
 
 _SCALARS = (str, int, float, bool, type(None))
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -76,7 +82,9 @@ def _is_strict(value: object, depth: int) -> bool:
     # NaN, infinity and lone surrogates are caught by json.dumps and the
     # UTF-8 encode that follow; the slow walk below then names the fault.
     kind = type(value)
-    if kind is str or kind is int or kind is float or kind is bool or value is None:
+    if kind is int:
+        return -_INT_LIMIT < value < _INT_LIMIT  # type: ignore[no-any-return]
+    if kind is str or kind is float or kind is bool or value is None:
         return True
     if depth > MAX_NESTING:
         return False
@@ -122,6 +130,12 @@ def _refuse(value: object) -> ValidationError:
         elif kind is float:
             if not math.isfinite(item):  # type: ignore[arg-type]
                 return ValidationError(f"{where} is {item!r}; JSON has no NaN or infinity")
+        elif isinstance(item, int) and kind is int:
+            if not -_INT_LIMIT < item < _INT_LIMIT:
+                return ValidationError(
+                    f"{where} is an int of more than {MAX_INT_DIGITS} digits; Python "
+                    "refuses to read such numbers from JSON by default"
+                )
         elif kind not in _SCALARS:
             return ValidationError(
                 f"{where} is a {kind.__name__}; payloads are bytes or JSON made of "

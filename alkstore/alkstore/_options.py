@@ -15,7 +15,8 @@ MAX_BACKOFF_CAP_S = 3600
 
 
 def _whole_seconds(value: object, what: str, high: float) -> int:
-    if isinstance(value, timedelta):
+    # Any duration form (SPEC §2), as long as it is a whole number of seconds.
+    if isinstance(value, (timedelta, float)):
         seconds = v.duration_s(value, what)
         if seconds != int(seconds):
             raise ValidationError(f"{what} must be whole seconds, got {value!r}")

@@ -10,7 +10,7 @@ from alkstore import _validation as v
 from alkstore._codec import EncodedPayload, encode_payload
 from alkstore._job import Job, QueueStats, SweepResult
 from alkstore._options import QueueOpts
-from alkstore._resolution import Resolved, enqueue_options, resolve
+from alkstore._resolution import EnqueueOptions, Resolved, enqueue_options, resolve
 from alkstore.errors import ValidationError
 
 if TYPE_CHECKING:
@@ -61,12 +61,11 @@ class Queue(abc.ABC):
     # -- enqueue -------------------------------------------------------------
 
     def _prepare(
-        self, payloads: Iterable[object], options: dict[str, Any]
+        self, payloads: Iterable[object], options: EnqueueOptions
     ) -> tuple[Resolved, list[EncodedPayload]]:
-        self._store._check_open()
-        checked = enqueue_options(**options)
+        # Every payload is encoded (and so checked) before the one clock read.
         encoded = [encode_payload(p) for p in payloads]
-        return resolve(self._store._now(), self._opts, checked), encoded
+        return resolve(self._store._now(), self._opts, options), encoded
 
     def enqueue(
         self,
@@ -111,9 +110,10 @@ class Queue(abc.ABC):
         EngineError
             If the database fails.
         """
+        self._store._check_open()
         resolved, encoded = self._prepare(
             [payload],
-            dict(
+            enqueue_options(
                 delay=delay,
                 run_at=run_at,
                 priority=priority,
@@ -123,7 +123,16 @@ class Queue(abc.ABC):
         )
         return self._insert(resolved, encoded)[0]
 
-    def enqueue_many(self, payloads: Iterable[object], **options: Any) -> list[int]:
+    def enqueue_many(
+        self,
+        payloads: Iterable[object],
+        *,
+        delay: object = None,
+        run_at: object = None,
+        priority: object = None,
+        max_attempts: object = None,
+        expires: object = None,
+    ) -> list[int]:
         """Add many jobs in one transaction, all or nothing.
 
         All items share one clock read, so one ``enqueued_at`` and ``run_at``;
@@ -142,12 +151,31 @@ class Queue(abc.ABC):
         self._store._check_open()  # before validating payloads (SPEC §3 "Closed store")
         if isinstance(payloads, (str, bytes, dict)) or not isinstance(payloads, Iterable):
             raise ValidationError("payloads must be an iterable of payloads (a list)")
-        resolved, encoded = self._prepare(payloads, options)
+        resolved, encoded = self._prepare(
+            payloads,
+            enqueue_options(
+                delay=delay,
+                run_at=run_at,
+                priority=priority,
+                max_attempts=max_attempts,
+                expires=expires,
+            ),
+        )
         if not encoded:
             return []
         return self._insert(resolved, encoded)
 
-    def enqueue_tx(self, conn: Any, payload: object, **options: Any) -> int:
+    def enqueue_tx(
+        self,
+        conn: Any,
+        payload: object,
+        *,
+        delay: object = None,
+        run_at: object = None,
+        priority: object = None,
+        max_attempts: object = None,
+        expires: object = None,
+    ) -> int:
         """Add one job inside the caller's open transaction (SPEC §3
         "Transactional enqueue").
 
@@ -170,7 +198,17 @@ class Queue(abc.ABC):
             As :meth:`enqueue`; ``ValidationError`` also for a ``conn`` of the
             wrong kind or not inside a transaction.
         """
-        resolved, encoded = self._prepare([payload], options)
+        self._store._check_open()
+        resolved, encoded = self._prepare(
+            [payload],
+            enqueue_options(
+                delay=delay,
+                run_at=run_at,
+                priority=priority,
+                max_attempts=max_attempts,
+                expires=expires,
+            ),
+        )
         return self._insert_tx(conn, resolved, encoded[0])
 
     # -- claim ---------------------------------------------------------------

@@ -64,10 +64,17 @@ class Subscription(abc.ABC):
         ValidationError
             For a bad timeout.
         """
+        self._check_open()
+        woken = self._wait(v.duration_s(timeout_s, "timeout_s"))
+        # A close from another thread releases a blocked wait: report it as
+        # the closed state it is, not as a wake.
+        self._check_open()
+        return woken
+
+    def _check_open(self) -> None:
         self._store._check_open()
         if self._closed:
             raise StoreClosedError("the subscription is closed")
-        return self._wait(v.duration_s(timeout_s, "timeout_s"))
 
     def close(self) -> None:
         """Stop listening. Idempotent; never raises."""

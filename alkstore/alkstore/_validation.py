@@ -16,6 +16,8 @@ from alkstore.errors import ValidationError
 __all__ = [
     "MAX_DURATION_S",
     "MAX_ERROR_CHARS",
+    "MAX_INSTANT",
+    "MIN_INSTANT",
     "RESERVED_PREFIX",
     "aware_utc",
     "duration_s",
@@ -33,6 +35,11 @@ MAX_DURATION_S = 100 * 365.25 * 86400
 RESERVED_PREFIX = "__alkstore_"
 #: ``last_error`` keeps at most this many characters (SPEC §3 "Error text").
 MAX_ERROR_CHARS = 65_536
+#: The range of instants accepted (``run_at``, clock readings): wide enough
+#: for any real schedule, and far enough inside ``datetime``'s own range that
+#: adding a duration of up to 100 years never overflows.
+MIN_INSTANT = datetime(1900, 1, 1, tzinfo=UTC)
+MAX_INSTANT = datetime(9000, 1, 1, tzinfo=UTC)
 MAX_QUEUE_NAME_CHARS = 128
 MAX_WORKER_ID_CHARS = 255
 INT32_MIN = -(2**31)
@@ -108,7 +115,16 @@ def aware_utc(value: object, what: str) -> datetime:
         raise ValidationError(f"{what} must be a datetime, not {type(value).__name__}")
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValidationError(f"{what} must be timezone-aware, got naive {value!r}")
-    return value.astimezone(UTC)
+    try:
+        utc = value.astimezone(UTC)
+    except OverflowError:
+        utc = None
+    if utc is None or not MIN_INSTANT <= utc <= MAX_INSTANT:
+        raise ValidationError(
+            f"{what} must lie between {MIN_INSTANT:%Y-%m-%d} and {MAX_INSTANT:%Y-%m-%d} "
+            f"UTC, got {value.isoformat()}"
+        )
+    return utc
 
 
 def queue_name(name: object) -> str:

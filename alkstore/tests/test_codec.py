@@ -139,3 +139,15 @@ def test_job_payload_is_decoded_from_its_bytes_on_first_read() -> None:
     assert job.payload is job.payload  # decoded once
     raw = job_from_values((8, "q", "dead", b"\x00\xff", OCTET_STREAM, *values[5:]))
     assert raw.payload == b"\x00\xff"
+
+
+def test_ints_decode_anywhere_or_are_refused() -> None:
+    from alkstore._codec import MAX_INT_DIGITS
+
+    widest = int("9" * MAX_INT_DIGITS)
+    for value in (widest, -widest, [0, {"n": widest}]):
+        encoded = encode_payload(value)
+        assert decode_payload(encoded.data, encoded.content_type) == value
+    for value in (widest + 1, -(widest + 1), {"n": [10**5000]}):
+        with pytest.raises(ValidationError, match=f"more than {MAX_INT_DIGITS} digits"):
+            encode_payload(value)

@@ -39,6 +39,7 @@ def test_timedeltas_are_normalised_to_seconds() -> None:
     assert opts.backoff_base_s == 2
     assert type(opts.backoff_base_s) is int
     assert opts.backoff_cap_s == 600
+    assert QueueOpts(backoff_base_s=2.0, backoff_cap_s=60.0).backoff_base_s == 2
     assert opts.expires_s == 3600.0
     assert opts.dead_letter_retention_s == 86400.0
 

@@ -96,3 +96,28 @@ def test_queue_expiry_before_an_explicit_run_at_is_refused_too() -> None:
 def test_bad_enqueue_options(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValidationError, match=next(iter(kwargs))):
         enqueue_options(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "run_at",
+    [
+        datetime.min.replace(tzinfo=timezone(timedelta(hours=5))),  # before year 1 in UTC
+        datetime.max.replace(tzinfo=timezone(timedelta(hours=-5))),  # after 9999 in UTC
+        datetime(1899, 12, 31, 23, 59, tzinfo=UTC),
+        datetime(9000, 1, 1, 0, 0, 1, tzinfo=UTC),
+    ],
+)
+def test_instants_outside_the_supported_range_are_refused(run_at: datetime) -> None:
+    with pytest.raises(ValidationError, match="run_at must lie between 1900-01-01 and 9000-01-01"):
+        enqueue_options(run_at=run_at)
+
+
+def test_the_widest_instants_and_durations_resolve_without_overflow() -> None:
+    last = datetime(9000, 1, 1, tzinfo=UTC)
+    hundred_years = timedelta(days=36525)
+    r = resolve(last, QueueOpts(), enqueue_options(delay=hundred_years / 2, expires=hundred_years))
+    assert r.run_at == last + hundred_years / 2
+    assert r.expires_at == last + hundred_years
+    assert enqueue_options(run_at=datetime(1900, 1, 1, tzinfo=UTC)).run_at == datetime(
+        1900, 1, 1, tzinfo=UTC
+    )

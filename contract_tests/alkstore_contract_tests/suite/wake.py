@@ -140,6 +140,31 @@ class WakeTests(ContractFixtures):
                 producer.join()
         assert claimed == list(range(total))
 
+    @pytest.mark.parametrize("closing", ["subscription", "store"])
+    def test_closing_releases_a_blocked_wait_with_store_closed(
+        self, store: Store, closing: str
+    ) -> None:
+        """SPEC §3 "Closed store": ``wait`` after a close raises, including a
+        wait that was already blocked when another thread closed; it is
+        released promptly rather than left to its timeout."""
+        sub = store.listen("jobs")
+        outcome: list[object] = []
+
+        def wait() -> None:
+            try:
+                outcome.append(sub.wait(60))
+            except StoreClosedError as exc:
+                outcome.append(exc)
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(0.2)  # let the waiter block (real time: this is about blocking)
+        (sub if closing == "subscription" else store).close()
+        waiter.join(WAKE_TIMEOUT_S)
+        assert not waiter.is_alive()
+        assert len(outcome) == 1
+        assert isinstance(outcome[0], StoreClosedError)
+
     def test_subscription_close_is_idempotent(self, store: Store, queue: Queue) -> None:
         sub = store.listen("jobs")
         sub.close()
