@@ -13,7 +13,7 @@ from alkstore._handle import FAILED, MAX_ATTEMPTS_EXCEEDED
 from alkstore._job import JOB_FIELDS, job_from_values
 from alkstore._latch import WakeLatch
 from alkstore._resolution import Resolved
-from alkstore._validation import duration_s
+from alkstore._validation import duration_s, int_in_range
 from alkstore.errors import SchemaVersionError, ValidationError
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "check_schema_version",
     "decode_payload",
     "duration_s",
+    "int_in_range",
     "job_from_values",
 ]
 

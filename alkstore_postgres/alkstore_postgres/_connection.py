@@ -1,0 +1,151 @@
+"""Connections: the pool every operation borrows from, and error wrapping.
+
+Pool connections run in autocommit mode, so each queue operation is one
+statement and one round trip: the statement is its own transaction (no
+``BEGIN``/``COMMIT`` exchanges). Operations that need several statements
+(migrations) open an explicit transaction on a direct connection.
+
+Every ``psycopg`` error becomes an :class:`~alkstore.errors.EngineError`
+with the driver's error as ``__cause__`` (SPEC §2 "Errors"); no driver
+exception crosses the contract.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+from collections.abc import Iterator
+from typing import Any, TypeAlias
+
+import psycopg
+from psycopg.rows import TupleRow
+from psycopg_pool import ConnectionPool, PoolClosed
+
+from alkstore.errors import EngineError, StoreClosedError
+
+__all__ = ["Conn", "Database", "engine_error", "wrap_errors"]
+
+#: A psycopg connection returning rows as tuples.
+Conn: TypeAlias = psycopg.Connection[TupleRow]
+
+
+def _idle_and_alive(conn: Conn) -> bool:
+    if conn.closed:
+        return False
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return False
+    return not readable
+
+
+def engine_error(error: psycopg.Error) -> EngineError:
+    """Wrap a driver error; raise the result ``from error``."""
+    detail = str(error).strip() or type(error).__name__
+    return EngineError(f"PostgreSQL error ({type(error).__name__}): {detail}")
+
+
+@contextlib.contextmanager
+def wrap_errors() -> Iterator[None]:
+    """Turn every ``psycopg`` error raised inside into an ``EngineError``."""
+    try:
+        yield
+    except psycopg.Error as error:
+        raise engine_error(error) from error
+
+
+class Database:
+    """The connections of one store: a pool for operations, and direct
+    connections for migrations and the LISTEN connection.
+
+    Parameters
+    ----------
+    conninfo
+        The libpq connection string (URL).
+    min_size, max_size
+        The pool's bounds, in connections.
+    timeout_s
+        Seconds an operation waits for a pooled connection (and a direct
+        connection's ``connect_timeout`` unless the URL sets one).
+    name
+        The pool's name, for psycopg_pool's logs.
+    """
+
+    def __init__(
+        self, conninfo: str, *, min_size: int, max_size: int, timeout_s: float, name: str
+    ) -> None:
+        self.conninfo = conninfo
+        self.timeout_s = timeout_s
+        self._max_size = max_size
+        self._pool: ConnectionPool[Conn] = ConnectionPool(
+            conninfo,
+            kwargs={"autocommit": True},
+            min_size=min_size,
+            max_size=max_size,
+            timeout=timeout_s,
+            open=False,
+            name=name,
+        )
+
+    def open(self) -> None:
+        """Start the pool; its connections are made in the background."""
+        with wrap_errors():
+            self._pool.open(wait=False)
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[Conn]:
+        """Borrow an autocommit connection for one operation.
+
+        Raises
+        ------
+        EngineError
+            For any driver error inside, or no connection within the timeout.
+        StoreClosedError
+            If the pool was closed (the store is closed).
+        """
+        try:
+            conn = self._getconn()
+        except PoolClosed as error:
+            raise StoreClosedError("the store is closed") from error
+        except psycopg.Error as error:
+            raise engine_error(error) from error
+        try:
+            yield conn
+        except psycopg.Error as error:
+            raise engine_error(error) from error
+        finally:
+            # The pool rolls back a transaction left open and replaces a
+            # broken connection.
+            self._pool.putconn(conn)
+
+    def _getconn(self) -> Conn:
+        # An idle autocommit connection has nothing to read: data waiting on
+        # its socket is the server's goodbye (restart, pg_terminate_backend,
+        # idle timeout). Such connections are dropped here, at the cost of a
+        # zero-timeout poll, instead of failing the operation that would
+        # take them.
+        for _ in range(self._max_size):
+            conn = self._pool.getconn()
+            if _idle_and_alive(conn):
+                return conn
+            conn.close()
+            self._pool.putconn(conn)
+        return self._pool.getconn()
+
+    def connect(self, **kwargs: Any) -> Conn:
+        """Open a direct autocommit connection (not from the pool).
+
+        Raises
+        ------
+        EngineError
+            If the connection fails.
+        """
+        params: dict[str, Any] = {"autocommit": True, **kwargs}
+        if "connect_timeout" not in psycopg.conninfo.conninfo_to_dict(self.conninfo):
+            params.setdefault("connect_timeout", max(1, round(self.timeout_s)))
+        with wrap_errors():
+            return psycopg.Connection.connect(self.conninfo, **params)
+
+    def close(self) -> None:
+        """Close the pool; connections in use close when given back."""
+        self._pool.close()

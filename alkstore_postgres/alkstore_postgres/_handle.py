@@ -1,0 +1,85 @@
+"""The PostgreSQL :class:`~alkstore.JobHandle` (SPEC §3 "Claim identity and
+handle validity").
+
+A claim is identified by the job id and its post-claim attempt count. Every
+operation is one statement whose ``WHERE`` clause is the whole validity
+predicate (processing, this claim's attempt count, not lapsed at ``now``),
+so a stale handle can never touch a newer claim, and a concurrent reclaim
+or sweep either runs before (the predicate fails) or after (the row is
+gone or changed) under the row lock.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from psycopg import sql
+
+from alkstore import Job, JobHandle
+from alkstore_postgres._rows import MOVED_COLUMNS
+from alkstore_postgres._schema import Statement
+
+if TYPE_CHECKING:
+    from alkstore_postgres._queue import PostgresQueue
+
+__all__ = ["PostgresJobHandle"]
+
+_MICROSECOND = timedelta(microseconds=1)
+
+_VALID = "id = %(id)s AND state = 'processing' AND attempts = %(attempts)s "
+_VALID += "AND claim_deadline > %(now)s"
+
+ACK = sql.SQL("DELETE FROM {jobs} WHERE " + _VALID)
+
+RETRY = sql.SQL(
+    "UPDATE {jobs} SET state = 'pending', run_at = %(run_at)s, last_error = %(error)s, "
+    "worker_id = NULL, claim_deadline = NULL WHERE " + _VALID
+)
+
+# The delete and the insert are one statement, so one transaction: if the
+# insert fails the delete is undone, and the job is always in exactly one of
+# the two tables (SPEC §3 "Dead letters").
+DEAD_LETTER = Statement(
+    sql.SQL(
+        "WITH moved AS (DELETE FROM {jobs} WHERE " + _VALID + " RETURNING {moved}) "
+        "INSERT INTO {dead} ({moved}, last_error, died_at) "
+        "SELECT {moved}, %(error)s, %(now)s FROM moved"
+    ),
+    moved=MOVED_COLUMNS,
+)
+
+HEARTBEAT = sql.SQL("UPDATE {jobs} SET claim_deadline = %(deadline)s WHERE " + _VALID)
+
+
+class PostgresJobHandle(JobHandle):
+    """One claim of one job on PostgreSQL; usable from any thread."""
+
+    def __init__(self, queue: PostgresQueue, job: Job) -> None:
+        super().__init__(queue, job)
+        self._pg_queue = queue
+
+    def _run(self, statement: Statement | sql.SQL, **params: Any) -> bool:
+        store = self._pg_queue._pg_store
+        params.update(id=self._job.id, attempts=self._job.attempts)
+        if "now" not in params:
+            params["now"] = store._now()
+        with store._db.connection() as conn:
+            return conn.execute(store.sql(statement), params, prepare=True).rowcount == 1
+
+    def _ack(self) -> bool:
+        return self._run(ACK)
+
+    def _retry(self, error: str, delay_s: float) -> bool:
+        now = self._pg_queue._pg_store._now()
+        return self._run(RETRY, now=now, run_at=now + timedelta(seconds=delay_s), error=error)
+
+    def _dead_letter(self, error: str) -> bool:
+        return self._run(DEAD_LETTER, error=error)
+
+    def _heartbeat(self, extend_s: float) -> bool:
+        now = self._pg_queue._pg_store._now()
+        # At least a microsecond, as at claim time: a heartbeat that took
+        # effect never leaves the claim already lapsed.
+        extend = max(timedelta(seconds=extend_s), _MICROSECOND)
+        return self._run(HEARTBEAT, now=now, deadline=now + extend)

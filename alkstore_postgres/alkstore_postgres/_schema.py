@@ -1,0 +1,288 @@
+"""The PostgreSQL schema: DDL, versioned migrations and statement rendering
+(SPEC §3 "Schema").
+
+Every table lives in the store's own schema (default ``alkstore``, engine
+option ``schema=``), so none can collide with the application's tables:
+
+``jobs``
+    Live rows (``pending`` or ``processing``). The id is a ``bigint``
+    identity: a sequence never hands out a value twice, so ids are never
+    reused, not after ack, cancel or purge.
+``dead``
+    Dead letters, keyed by the job's own id.
+``meta``
+    ``schema_version``.
+
+Indexes keep the hot paths independent of the backlog: a claim walks
+``jobs_pending`` in claim order and stops after ``n`` rows (future rows of
+the same priority sort after the due ones, dead rows are in another table);
+lapsed claims are a range of ``jobs_processing``; ``sweep_expired`` reads
+``jobs_expiry`` and the retention purge ``dead_died``.
+
+Migrations run in one transaction under an advisory lock keyed by the
+schema name, so when many processes open a store at once one of them
+migrates and the others wait, then find the work done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+
+import psycopg
+from psycopg import sql
+
+from alkstore.engine import check_schema_version
+from alkstore.errors import ValidationError
+from alkstore_postgres._connection import Conn
+
+__all__ = [
+    "DEFAULT_SCHEMA",
+    "SCHEMA_VERSION",
+    "Statement",
+    "check_schema_name",
+    "migrate",
+    "read_version",
+    "render",
+]
+
+#: The schema used when the ``schema=`` option is not given.
+DEFAULT_SCHEMA = "alkstore"
+#: The newest schema version this code knows.
+SCHEMA_VERSION = 1
+
+_VERSION_KEY = "schema_version"
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+# PostgreSQL truncates identifiers longer than NAMEDATALEN - 1 bytes.
+_MAX_IDENTIFIER_BYTES = 63
+_RESERVED_SCHEMAS = frozenset({"public", "information_schema"})
+
+# Each entry upgrades from the version before it; entry ``i`` makes version
+# ``i + 1``. Never edit a released entry: append a new one.
+_MIGRATIONS: tuple[tuple[sql.SQL, ...], ...] = (
+    (
+        sql.SQL("""
+        CREATE TABLE {jobs} (
+            id                   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            queue                text             NOT NULL,
+            state                text             NOT NULL
+                                 CHECK (state IN ('pending', 'processing')),
+            payload              bytea            NOT NULL,
+            content_type         text             NOT NULL,
+            priority             integer          NOT NULL,
+            run_at               timestamptz      NOT NULL,
+            expires_at           timestamptz,
+            enqueued_at          timestamptz      NOT NULL,
+            attempts             integer          NOT NULL DEFAULT 0,
+            max_attempts         integer          NOT NULL,
+            visibility_timeout_s double precision NOT NULL,
+            backoff_base_s       bigint           NOT NULL,
+            backoff_cap_s        integer          NOT NULL,
+            worker_id            text,
+            claim_deadline       timestamptz,
+            last_error           text
+        )
+        """),
+        # The claim walks this in claim order and stops after n rows.
+        sql.SQL("""
+        CREATE INDEX jobs_pending ON {jobs} (queue, priority DESC, run_at, id)
+            WHERE state = 'pending'
+        """),
+        # Lapsed claims (reclaims and the claim's dead-letter step) are a
+        # range of this; also the processing count.
+        sql.SQL("""
+        CREATE INDEX jobs_processing ON {jobs} (queue, claim_deadline)
+            WHERE state = 'processing'
+        """),
+        # sweep_expired.
+        sql.SQL("""
+        CREATE INDEX jobs_expiry ON {jobs} (queue, expires_at)
+            WHERE expires_at IS NOT NULL
+        """),
+        sql.SQL("""
+        CREATE TABLE {dead} (
+            id                   bigint           PRIMARY KEY,
+            queue                text             NOT NULL,
+            payload              bytea            NOT NULL,
+            content_type         text             NOT NULL,
+            priority             integer          NOT NULL,
+            run_at               timestamptz      NOT NULL,
+            expires_at           timestamptz,
+            enqueued_at          timestamptz      NOT NULL,
+            attempts             integer          NOT NULL,
+            max_attempts         integer          NOT NULL,
+            visibility_timeout_s double precision NOT NULL,
+            backoff_base_s       bigint           NOT NULL,
+            backoff_cap_s        integer          NOT NULL,
+            worker_id            text,
+            claim_deadline       timestamptz,
+            last_error           text,
+            died_at              timestamptz      NOT NULL
+        )
+        """),
+        # The retention purge and the dead count.
+        sql.SQL("CREATE INDEX dead_died ON {dead} (queue, died_at)"),
+    ),
+)
+
+assert len(_MIGRATIONS) == SCHEMA_VERSION
+
+_CREATE_SCHEMA = sql.SQL("CREATE SCHEMA {schema}")
+_CREATE_META = sql.SQL("""
+    CREATE TABLE IF NOT EXISTS {meta} (
+        key   text    PRIMARY KEY,
+        value integer NOT NULL
+    )
+""")
+_READ_VERSION = sql.SQL("SELECT value FROM {meta} WHERE key = %s")
+_WRITE_VERSION = sql.SQL("""
+    INSERT INTO {meta} (key, value) VALUES (%s, %s)
+    ON CONFLICT (key) DO UPDATE SET value = excluded.value
+""")
+
+
+def check_schema_name(name: object) -> str:
+    """Check the ``schema=`` engine option.
+
+    A schema name is ``[a-z_][a-z0-9_]*``, at most 63 bytes (longer names
+    would be truncated by PostgreSQL), not ``public``,
+    ``information_schema`` or ``pg_*`` (the application's and the system's).
+
+    Raises
+    ------
+    ValidationError
+        For any other value.
+    """
+    if not isinstance(name, str):
+        raise ValidationError(f"schema must be a str, not {type(name).__name__}")
+    if not _SCHEMA_NAME.fullmatch(name):
+        raise ValidationError(
+            f"schema {name!r} must match [a-z_][a-z0-9_]* (lower-case letters, digits, '_')"
+        )
+    if len(name.encode()) > _MAX_IDENTIFIER_BYTES:
+        raise ValidationError(
+            f"schema {name!r} is longer than PostgreSQL's {_MAX_IDENTIFIER_BYTES}-byte "
+            "identifier limit"
+        )
+    if name in _RESERVED_SCHEMAS or name.startswith("pg_"):
+        raise ValidationError(
+            f"schema {name!r} is reserved; alkstore needs a schema of its own "
+            f"(default {DEFAULT_SCHEMA!r})"
+        )
+    return name
+
+
+class Statement:
+    """A statement template: SQL whose ``{jobs}``, ``{dead}``, ``{meta}`` and
+    ``{schema}`` are the store's names, plus named fragments (column lists,
+    literals) filled in at the same time.
+
+    Parameters
+    ----------
+    template
+        The SQL, with ``%(name)s`` parameters.
+    **fragments
+        Other ``{name}`` replacements.
+    """
+
+    __slots__ = ("fragments", "template")
+
+    def __init__(self, template: sql.SQL, **fragments: sql.Composable) -> None:
+        self.template = template
+        self.fragments = fragments
+
+
+def render(statement: Statement | sql.SQL, schema: str) -> bytes:
+    """Render a statement for ``schema``.
+
+    ``{schema}``, ``{jobs}``, ``{dead}`` and ``{meta}`` become the quoted,
+    schema-qualified names; the result is what psycopg sends (and keys its
+    prepared statements by), so callers render each statement once.
+    """
+    if isinstance(statement, sql.SQL):
+        statement = Statement(statement)
+    return statement.template.format(
+        schema=sql.Identifier(schema),
+        jobs=sql.Identifier(schema, "jobs"),
+        dead=sql.Identifier(schema, "dead"),
+        meta=sql.Identifier(schema, "meta"),
+        **statement.fragments,
+    ).as_bytes(None)
+
+
+def _advisory_key(schema: str) -> int:
+    digest = hashlib.blake2b(f"alkstore migrate {schema}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def read_version(conn: Conn, schema: str) -> int | None:
+    """Return the stored schema version, ``None`` when there is no schema.
+
+    Raises
+    ------
+    psycopg.Error
+        If the database fails.
+    """
+    meta = sql.Identifier(schema, "meta").as_string(None)
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [meta]).fetchone()
+    if row is None or not row[0]:
+        return None
+    row = conn.execute(render(_READ_VERSION, schema), [_VERSION_KEY]).fetchone()
+    return None if row is None else int(row[0])
+
+
+def migrate(conn: Conn, schema: str) -> None:
+    """Bring ``schema`` to :data:`SCHEMA_VERSION`; idempotent and safe when
+    many processes run it at once.
+
+    ``conn`` is an autocommit connection; the migration runs in its own
+    transaction under a session-level advisory lock, released at the end. A
+    schema already at this version costs one read and takes no lock (nor
+    needs ``CREATE`` privileges).
+
+    Raises
+    ------
+    SchemaVersionError
+        If the stored version is newer than this code's.
+    psycopg.Error
+        If the database fails.
+    """
+    found = read_version(conn, schema)
+    check_schema_version(found, SCHEMA_VERSION, migrating=True)
+    if found == SCHEMA_VERSION:
+        return
+    key = _advisory_key(schema)
+    # A session-level lock, taken before the migration's transaction begins:
+    # a transaction that starts after the lock is granted sees every change
+    # the previous holder committed, catalog caches included. (Under a
+    # transaction-level lock the transaction would already be open, and a
+    # name looked up earlier in this session could still resolve from a
+    # stale cache entry.)
+    conn.execute("SELECT pg_advisory_lock(%s)", [key])
+    try:
+        with conn.transaction():
+            found = read_version(conn, schema)
+            check_schema_version(found, SCHEMA_VERSION, migrating=True)
+            current = found or 0
+            if current == SCHEMA_VERSION:
+                return
+            if found is None:
+                # Only when missing: CREATE SCHEMA checks the database's
+                # CREATE privilege even with IF NOT EXISTS, and a DBA may
+                # have made the schema for a less privileged role.
+                row = conn.execute(
+                    "SELECT to_regnamespace(%s) IS NULL", [sql.Identifier(schema).as_string(None)]
+                ).fetchone()
+                if row is not None and row[0]:
+                    conn.execute(render(_CREATE_SCHEMA, schema))
+                conn.execute(render(_CREATE_META, schema))
+            for statements in _MIGRATIONS[current:]:
+                for statement in statements:
+                    conn.execute(render(statement, schema))
+            conn.execute(render(_WRITE_VERSION, schema), [_VERSION_KEY, SCHEMA_VERSION])
+    finally:
+        # On a broken connection the lock went with the session; keep the
+        # original error.
+        with contextlib.suppress(psycopg.Error):
+            conn.execute("SELECT pg_advisory_unlock(%s)", [key])

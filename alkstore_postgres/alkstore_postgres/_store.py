@@ -1,0 +1,248 @@
+"""The PostgreSQL :class:`~alkstore.Store` and the engine's entry point."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any
+
+from psycopg import sql
+
+from alkstore import QueueOpts, Store
+from alkstore.engine import check_engine_options, check_schema_version, duration_s, int_in_range
+from alkstore.errors import ValidationError
+from alkstore_postgres import _schema
+from alkstore_postgres._clock import ServerClock
+from alkstore_postgres._connection import Conn, Database, wrap_errors
+from alkstore_postgres._queue import PostgresQueue
+from alkstore_postgres._schema import Statement
+from alkstore_postgres._subscription import PostgresSubscription
+from alkstore_postgres._url import parse_url, redact
+from alkstore_postgres._wake import Listener
+
+__all__ = [
+    "DEFAULT_POOL_MAX_SIZE",
+    "DEFAULT_POOL_MIN_SIZE",
+    "DEFAULT_POOL_TIMEOUT_S",
+    "DEFAULT_REPOLL_INTERVAL_S",
+    "ENGINE_OPTIONS",
+    "PostgresStore",
+    "open_store",
+]
+
+#: Connections the pool keeps open when idle.
+DEFAULT_POOL_MIN_SIZE = 1
+#: The most connections the pool opens (operations running at once).
+DEFAULT_POOL_MAX_SIZE = 10
+#: Seconds an operation waits for a pooled connection.
+DEFAULT_POOL_TIMEOUT_S = 30.0
+#: Seconds between a consumer's safety-net re-polls; also the LISTEN
+#: connection's idle time before it is checked with a ping.
+DEFAULT_REPOLL_INTERVAL_S = 30.0
+#: The engine options of this engine, besides SPEC §2's common ones.
+ENGINE_OPTIONS = frozenset(
+    {"schema", "pool_min_size", "pool_max_size", "pool_timeout_s", "repoll_interval_s"}
+)
+
+
+def _pool_size(value: object, what: str, low: int) -> int:
+    return int_in_range(value, what, low, 10_000)
+
+
+def _sample_clock(conn: Conn) -> tuple[datetime, float]:
+    before = time.monotonic()
+    # Binary results: independent of the session's DateStyle and TimeZone.
+    row = conn.execute("SELECT clock_timestamp()", binary=True).fetchone()
+    after = time.monotonic()
+    assert row is not None
+    server: datetime = row[0]
+    return server, (before + after) / 2
+
+
+class PostgresStore(Store):
+    """An alkstore store in one PostgreSQL database (SPEC §2).
+
+    Open it with ``alkstore.open("postgresql://...")`` (or
+    :func:`open_store`). Operations borrow autocommit connections from a
+    ``psycopg_pool.ConnectionPool``; subscriptions share one LISTEN
+    connection per store.
+
+    Parameters
+    ----------
+    conninfo
+        A libpq connection string or URL.
+    clock, rng
+        As :class:`~alkstore.Store`. With no clock, instants come from the
+        database server's clock (SPEC §3 "Time"; see the package README).
+    migrate
+        Create or upgrade the schema now (default); with ``False`` only
+        check its version.
+    schema
+        The PostgreSQL schema holding alkstore's tables (default
+        ``"alkstore"``): ``[a-z_][a-z0-9_]*``, at most 63 bytes.
+    pool_min_size, pool_max_size
+        The connection pool's bounds (default 1 and 10 connections).
+    pool_timeout_s
+        Seconds an operation waits for a pooled connection before it fails
+        with :class:`~alkstore.errors.EngineError` (default 30); also the
+        connect timeout unless the URL sets ``connect_timeout``.
+    repoll_interval_s
+        Seconds between the safety-net re-polls of a consumer that waits on
+        a subscription (default 30; read by the worker runtime from
+        :attr:`repoll_interval_s`). The LISTEN connection is also pinged
+        after this long without traffic, to find a silently dead one.
+
+    Raises
+    ------
+    ValidationError
+        For a bad option.
+    SchemaVersionError
+        If the schema is newer than this code, or missing with
+        ``migrate=False`` (SPEC §3 "Schema").
+    EngineError
+        If the database cannot be reached.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        clock: object = None,
+        rng: object = None,
+        migrate: bool = True,
+        schema: object = _schema.DEFAULT_SCHEMA,
+        pool_min_size: object = DEFAULT_POOL_MIN_SIZE,
+        pool_max_size: object = DEFAULT_POOL_MAX_SIZE,
+        pool_timeout_s: object = DEFAULT_POOL_TIMEOUT_S,
+        repoll_interval_s: object = DEFAULT_REPOLL_INTERVAL_S,
+    ) -> None:
+        super().__init__(clock=clock, rng=rng)
+        self._schema = _schema.check_schema_name(schema)
+        min_size = _pool_size(pool_min_size, "pool_min_size", 0)
+        max_size = _pool_size(pool_max_size, "pool_max_size", 1)
+        if max_size < min_size:
+            raise ValidationError(
+                f"pool_max_size ({max_size}) must not be below pool_min_size ({min_size})"
+            )
+        timeout_s = duration_s(pool_timeout_s, "pool_timeout_s", positive=True)
+        self._repoll_interval_s = duration_s(repoll_interval_s, "repoll_interval_s", positive=True)
+        self._url = redact(conninfo)
+        self._statements: dict[int, bytes] = {}
+        self._db = Database(
+            conninfo,
+            min_size=min_size,
+            max_size=max_size,
+            timeout_s=timeout_s,
+            name=f"alkstore-{self._schema}",
+        )
+        self._server_clock = ServerClock(self._sample_clock)
+        self._listener = Listener(
+            self._connect_listener,
+            ping_interval_s=self._repoll_interval_s,
+            name=f"alkstore-listener-{self._schema}",
+        )
+        try:
+            # A direct connection first: an unreachable server fails here at
+            # once rather than after the pool's timeout.
+            conn = self._db.connect()
+            try:
+                with wrap_errors():
+                    if migrate:
+                        _schema.migrate(conn, self._schema)
+                    else:
+                        found = _schema.read_version(conn, self._schema)
+                        check_schema_version(found, _schema.SCHEMA_VERSION, migrating=False)
+                    if clock is None:
+                        self._server_clock.set_sample(*_sample_clock(conn))
+            finally:
+                conn.close()
+            self._db.open()
+        except BaseException:
+            self._closed = True
+            self._db.close()
+            raise
+
+    def __repr__(self) -> str:
+        return f"<PostgresStore {self._url!r} schema={self._schema!r}>"
+
+    @property
+    def schema(self) -> str:
+        """The PostgreSQL schema holding this store's tables."""
+        return self._schema
+
+    @property
+    def repoll_interval_s(self) -> float:
+        """Seconds between a consumer's safety-net re-polls (SPEC §3
+        "Wake": a wake is a hint)."""
+        return self._repoll_interval_s
+
+    def sql(self, statement: Statement | sql.SQL) -> bytes:
+        """The statement rendered for this store's schema (cached)."""
+        key = id(statement)
+        rendered = self._statements.get(key)
+        if rendered is None:
+            rendered = self._statements[key] = _schema.render(statement, self._schema)
+        return rendered
+
+    # -- helpers for the other modules ---------------------------------------
+
+    def _sample_clock(self) -> tuple[datetime, float]:
+        with self._db.connection() as conn:
+            return _sample_clock(conn)
+
+    def _connect_listener(self) -> Conn:
+        return self._db.connect(application_name="alkstore-listener")
+
+    # -- engine primitives ---------------------------------------------------
+
+    def _engine_now(self) -> datetime:
+        return self._server_clock.now()
+
+    def _open_queue(self, name: str, opts: QueueOpts) -> PostgresQueue:
+        return PostgresQueue(self, name, opts)
+
+    def _open_subscription(self, queue_name: str) -> PostgresSubscription:
+        return PostgresSubscription(self, queue_name)
+
+    def _migrate(self) -> None:
+        with self._db.connection() as conn:
+            _schema.migrate(conn, self._schema)
+
+    def _close(self) -> None:
+        try:
+            self._listener.stop()
+        finally:
+            self._db.close()
+
+
+def open_store(url: str, **engine_options: Any) -> PostgresStore:
+    """Open a PostgreSQL store; the ``alkstore.engines`` entry points
+    ``postgresql`` and ``postgres``.
+
+    Parameters
+    ----------
+    url
+        A libpq connection URI, ``postgresql://user:password@host:port/db``
+        (``postgres://`` too; every libpq parameter works).
+    **engine_options
+        ``clock``, ``rng``, ``migrate`` (SPEC §2), and ``schema``,
+        ``pool_min_size``, ``pool_max_size``, ``pool_timeout_s``,
+        ``repoll_interval_s`` (see :class:`PostgresStore`).
+
+    Returns
+    -------
+    PostgresStore
+        Open, and migrated unless ``migrate=False``.
+
+    Raises
+    ------
+    ValidationError
+        For a malformed URL or an unknown or bad option (before any I/O).
+    SchemaVersionError
+        See :class:`PostgresStore`.
+    EngineError
+        If the database cannot be reached.
+    """
+    check_engine_options(engine_options, ENGINE_OPTIONS)
+    conninfo = parse_url(url)
+    return PostgresStore(conninfo, **engine_options)

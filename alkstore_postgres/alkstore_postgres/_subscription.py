@@ -1,0 +1,51 @@
+"""The PostgreSQL :class:`~alkstore.Subscription` (SPEC §3 "Wake")."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from alkstore import Subscription
+from alkstore.engine import WakeLatch
+from alkstore_postgres._wake import channel_name
+
+if TYPE_CHECKING:
+    from alkstore_postgres._store import PostgresStore
+
+__all__ = ["PostgresSubscription"]
+
+
+class PostgresSubscription(Subscription):
+    """Wakes for one queue, from the store's LISTEN connection.
+
+    Level-triggered through a :class:`~alkstore.engine.WakeLatch`: the
+    store's listener thread sets it for every NOTIFY on the queue's channel,
+    and once after each reconnection of the LISTEN connection (wakes may
+    have been lost meanwhile). :meth:`wait` returns ``True`` only then (so
+    rarely spuriously); re-polling on an interval is the consumer's job
+    (see ``PostgresStore.repoll_interval_s``).
+
+    Raises
+    ------
+    EngineError
+        On creation, if the store's first LISTEN connection cannot be opened.
+    """
+
+    def __init__(self, store: PostgresStore, queue_name: str) -> None:
+        super().__init__(store, queue_name)
+        self._pg_store = store
+        self._channel = channel_name(store.schema, queue_name)
+        self._latch = WakeLatch()
+        store._listener.subscribe(self._channel, self._latch)
+
+    @property
+    def channel(self) -> str:
+        """The NOTIFY channel this subscription listens on."""
+        return self._channel
+
+    def _wait(self, timeout_s: float) -> bool:
+        return self._latch.wait(timeout_s)
+
+    def _close(self) -> None:
+        self._pg_store._listener.unsubscribe(self._channel, self._latch)
+        # Release a waiter blocked in another thread.
+        self._latch.set()

@@ -1,0 +1,372 @@
+"""Wake-ups through LISTEN/NOTIFY (SPEC §3 "Wake").
+
+An enqueue sends ``pg_notify(channel, '')`` in its own transaction, so only
+a commit wakes anyone, and the notification carries no job body (NOTIFY's
+8000-byte payload limit never matters). Each store has one
+:class:`Listener`: a dedicated autocommit connection, owned by one
+background thread, that LISTENs on the channels of the store's
+subscriptions and sets their latches when a notification arrives.
+
+When the connection dies (server restart, ``pg_terminate_backend``, network
+loss found by an idle-time ping) the thread reconnects by itself, LISTENs
+on every channel again and then sets every latch once: wakes sent while it
+was down are lost, and a spurious wake is harmless, a missing one is not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import select
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+import psycopg
+from psycopg import sql
+
+from alkstore.engine import WakeLatch
+from alkstore.errors import AlkstoreError, EngineError, StoreClosedError
+from alkstore_postgres._connection import Conn
+
+__all__ = ["MAX_CHANNEL_BYTES", "Listener", "channel_name"]
+
+log = logging.getLogger("alkstore.postgres")
+
+T = TypeVar("T")
+
+#: PostgreSQL channel names are identifiers: at most NAMEDATALEN - 1 bytes.
+MAX_CHANNEL_BYTES = 63
+_HASH_HEX = 16
+# Seconds a new subscription waits for its LISTEN to be in place.
+_SYNC_TIMEOUT_S = 30.0
+# Seconds between reconnection attempts: the first is immediate, then the
+# pause doubles from the first value up to the second.
+_RECONNECT_FIRST_S = 0.05
+_RECONNECT_MAX_S = 2.0
+# Seconds Listener.stop waits for the thread.
+_STOP_TIMEOUT_S = 5.0
+
+
+def channel_name(schema: str, queue: str) -> str:
+    """The NOTIFY channel of ``queue`` in the store schema ``schema``.
+
+    A readable prefix (``schema.queue``, cut to fit) and a 64-bit hash of
+    the full schema and queue names, at most 63 bytes: valid for every
+    legal queue name (up to 128 characters), and two names sharing their
+    first 63 characters (or any prefix) still get different channels.
+    Stores in different schemas of one database never wake each other.
+
+    Parameters
+    ----------
+    schema
+        The store's schema name.
+    queue
+        A valid queue name.
+
+    Returns
+    -------
+    str
+        The channel, as given to ``pg_notify`` and (quoted) to ``LISTEN``.
+    """
+    digest = hashlib.blake2b(f"{schema}\x00{queue}".encode(), digest_size=_HASH_HEX // 2)
+    room = MAX_CHANNEL_BYTES - _HASH_HEX - 1
+    readable = f"{schema}.{queue}".encode()[:room].decode("utf-8", "ignore")
+    return f"{readable}#{digest.hexdigest()}"
+
+
+class Listener:
+    """The LISTEN connection of one store and the thread that reads it.
+
+    Parameters
+    ----------
+    connect
+        Opens a new autocommit connection (raises ``EngineError``).
+    ping_interval_s
+        Seconds of silence after which the thread checks the connection
+        with a ``SELECT 1``, to find a connection that died silently.
+    name
+        The thread's name.
+    """
+
+    def __init__(self, connect: Callable[[], Conn], *, ping_interval_s: float, name: str) -> None:
+        self._connect = connect
+        self._ping_interval_s = ping_interval_s
+        self._name = name
+        self._cond = threading.Condition()
+        self._latches: dict[str, set[WakeLatch]] = {}
+        # Generations of the wanted channel set: bumped by every change,
+        # published as synced once the thread's LISTENs match it (or the
+        # thread is reconnecting, which LISTENs on everything anyway).
+        self._wanted = 0
+        self._synced = 0
+        self._calls: list[_Result[Any]] = []
+        self._stopped = False
+        self._start_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._poke_r: socket.socket | None = None
+        self._poke_w: socket.socket | None = None
+
+    # -- the callers' side ---------------------------------------------------
+
+    def subscribe(self, channel: str, latch: WakeLatch) -> None:
+        """Set ``latch`` on every notification on ``channel``; return once
+        the LISTEN is in place (or will be on reconnection).
+
+        Raises
+        ------
+        EngineError
+            If the first LISTEN connection cannot be opened.
+        StoreClosedError
+            If the listener was stopped.
+        """
+        with self._cond:
+            if self._stopped:
+                raise StoreClosedError("the store is closed")
+            self._latches.setdefault(channel, set()).add(latch)
+            self._wanted += 1
+            target = self._wanted
+        try:
+            self._start()
+        except BaseException:
+            self.unsubscribe(channel, latch)
+            raise
+        self._poke()
+        with self._cond:
+            if not self._cond.wait_for(
+                lambda: self._synced >= target or self._stopped, _SYNC_TIMEOUT_S
+            ):
+                # The wake is a hint and the thread keeps trying; consumers
+                # re-poll, so a slow LISTEN delays work but strands nothing.
+                log.warning("LISTEN on %r not confirmed after %s s", channel, _SYNC_TIMEOUT_S)
+
+    def unsubscribe(self, channel: str, latch: WakeLatch) -> None:
+        """Stop setting ``latch``; UNLISTEN when no latch wants ``channel``."""
+        with self._cond:
+            latches = self._latches.get(channel)
+            if latches is None or latch not in latches:
+                return
+            latches.discard(latch)
+            if not latches:
+                del self._latches[channel]
+            self._wanted += 1
+        self._poke()
+
+    def call(self, fn: Callable[[Conn], T], timeout_s: float = _SYNC_TIMEOUT_S) -> T:
+        """Run ``fn(conn)`` on the LISTEN connection, in the listener's
+        thread (for diagnostics, such as ``pg_listening_channels()``).
+
+        Raises
+        ------
+        EngineError
+            If the connection is down, ``fn`` fails or the call times out.
+        """
+        result = _Result(fn)
+        with self._cond:
+            if self._stopped or self._thread is None:
+                raise EngineError("the listener is not running")
+            self._calls.append(result)
+        self._poke()
+        return result.wait(timeout_s)
+
+    def stop(self) -> None:
+        """Stop the thread, close the connection and set every latch so that
+        no waiter stays blocked. Idempotent."""
+        with self._cond:
+            if self._stopped:
+                return
+            self._stopped = True
+            latches = [latch for group in self._latches.values() for latch in group]
+            calls, self._calls = self._calls, []
+            self._cond.notify_all()
+        for result in calls:
+            result.fail(StoreClosedError("the store is closed"))
+        with self._start_lock:
+            thread = self._thread
+        if thread is not None:
+            self._poke()
+            thread.join(_STOP_TIMEOUT_S)
+            if not thread.is_alive() and self._poke_w is not None:
+                self._poke_w.close()
+        for latch in latches:
+            latch.set()
+
+    # -- the thread's side ---------------------------------------------------
+
+    def _start(self) -> None:
+        with self._start_lock:
+            if self._thread is not None:
+                return
+            conn = self._connect()
+            self._poke_r, self._poke_w = socket.socketpair()
+            self._poke_r.setblocking(False)
+            self._poke_w.setblocking(False)
+            self._thread = threading.Thread(
+                target=self._run, args=(conn,), name=self._name, daemon=True
+            )
+            self._thread.start()
+
+    def _poke(self) -> None:
+        writer = self._poke_w
+        if writer is not None:
+            # A full buffer already holds a poke.
+            with contextlib.suppress(OSError):
+                writer.send(b"\x00")
+
+    def _drain_pokes(self) -> None:
+        assert self._poke_r is not None
+        with contextlib.suppress(OSError):
+            while self._poke_r.recv(4096):
+                pass
+
+    def _is_stopped(self) -> bool:
+        with self._cond:
+            return self._stopped
+
+    def _set_all(self) -> None:
+        with self._cond:
+            latches = [latch for group in self._latches.values() for latch in group]
+        for latch in latches:
+            latch.set()
+
+    def _dispatch(self, conn: Conn) -> None:
+        notifies = list(conn.notifies(timeout=0))
+        if not notifies:
+            return
+        with self._cond:
+            latches = [
+                latch
+                for channel in {n.channel for n in notifies}
+                for latch in self._latches.get(channel, ())
+            ]
+        for latch in latches:
+            latch.set()
+
+    def _run(self, conn: Conn | None) -> None:
+        assert self._poke_r is not None
+        listening: set[str] = set()
+        lost = False
+        try:
+            while True:
+                with self._cond:
+                    if self._stopped:
+                        return
+                    wanted = set(self._latches)
+                    generation = self._wanted
+                    calls, self._calls = self._calls, []
+                if conn is None:
+                    conn = self._reconnect()
+                    if conn is None:
+                        for result in calls:
+                            result.fail(StoreClosedError("the store is closed"))
+                        return
+                    listening = set()
+                    lost = True
+                try:
+                    for channel in sorted(wanted - listening):
+                        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                        listening.add(channel)
+                    for channel in sorted(listening - wanted):
+                        conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(channel)))
+                        listening.discard(channel)
+                    with self._cond:
+                        self._synced = max(self._synced, generation)
+                        self._cond.notify_all()
+                    if lost:
+                        self._set_all()
+                        lost = False
+                    for result in calls:
+                        result.run(conn)
+                    self._dispatch(conn)
+                    fd = conn.fileno()
+                    poke = self._poke_r.fileno()
+                    ready, _, _ = select.select([fd, poke], [], [], self._ping_interval_s)
+                    if poke in ready:
+                        self._drain_pokes()
+                    if fd in ready:
+                        self._dispatch(conn)
+                    elif not ready:
+                        # An idle-time ping finds a silently dead connection.
+                        # Repeating a LISTEN is a no-op that keeps the
+                        # backend findable by its LISTEN in pg_stat_activity.
+                        if listening:
+                            channel = min(listening)
+                            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                        else:
+                            conn.execute("SELECT 1")
+                except (psycopg.Error, OSError, ValueError) as error:
+                    for result in calls:
+                        result.fail(EngineError(f"the LISTEN connection failed: {error}"))
+                    log.warning("the LISTEN connection failed (%s); reconnecting", error)
+                    _close_quietly(conn)
+                    # Wakes are lost from now until the LISTENs are back;
+                    # every latch is set once they are (``lost``).
+                    conn = None
+        finally:
+            if conn is not None:
+                _close_quietly(conn)
+            self._poke_r.close()
+
+    def _reconnect(self) -> Conn | None:
+        assert self._poke_r is not None
+        pause = 0.0
+        while True:
+            with self._cond:
+                if self._stopped:
+                    return None
+                # Subscribers need not wait: the new connection LISTENs on
+                # every wanted channel and then sets every latch.
+                self._synced = self._wanted
+                self._cond.notify_all()
+            if pause:
+                ready, _, _ = select.select([self._poke_r], [], [], pause)
+                if ready:
+                    self._drain_pokes()
+                if self._is_stopped():
+                    return None
+            try:
+                return self._connect()
+            except AlkstoreError as error:
+                log.warning("cannot reopen the LISTEN connection: %s", error)
+            pause = min(max(pause * 2, _RECONNECT_FIRST_S), _RECONNECT_MAX_S)
+
+
+class _Result(Generic[T]):
+    """The outcome of a :meth:`Listener.call`, handed across threads."""
+
+    def __init__(self, fn: Callable[[Conn], T]) -> None:
+        self._fn = fn
+        self._done = threading.Event()
+        self._value: T | None = None
+        self._error: BaseException | None = None
+
+    def run(self, conn: Conn) -> None:
+        try:
+            self._value = self._fn(conn)
+        except psycopg.Error as error:
+            wrapped = EngineError(f"PostgreSQL error on the LISTEN connection: {error}")
+            wrapped.__cause__ = error
+            self._error = wrapped
+        except Exception as error:
+            self._error = error
+        finally:
+            self._done.set()
+
+    def fail(self, error: BaseException) -> None:
+        if not self._done.is_set():
+            self._error = error
+            self._done.set()
+
+    def wait(self, timeout_s: float) -> T:
+        if not self._done.wait(timeout_s):
+            raise EngineError(f"the listener did not answer within {timeout_s} s")
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+
+def _close_quietly(conn: Conn) -> None:
+    with contextlib.suppress(Exception):
+        conn.close()

@@ -1,0 +1,70 @@
+"""Fixtures of the PostgreSQL engine's own tests; the server comes from
+:func:`postgres_server.postgres_server` (``ALKSTORE_TEST_POSTGRES_URL``,
+else testcontainers, else a local ``initdb`` cluster, else skip; with
+``ALKSTORE_REQUIRE_POSTGRES=1`` a skip is a failure)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from postgres_server import drop_schema, fresh_schema_name, postgres_server
+
+from alkstore_contract_tests import ManualClock
+from alkstore_postgres import PostgresStore, open_store
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """The URL of a PostgreSQL server for the whole session."""
+    with postgres_server() as url:
+        yield url
+
+
+@pytest.fixture
+def schema(postgres_url: str) -> Iterator[str]:
+    """A fresh store schema name; the schema is dropped after the test."""
+    name = fresh_schema_name()
+    yield name
+    drop_schema(postgres_url, name)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """A manual clock at the handed cases' T0 (2030-01-01T00:00:00Z)."""
+    return ManualClock()
+
+
+@pytest.fixture
+def admin(postgres_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """A plain autocommit connection for inspecting the database."""
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def open_pg(
+    postgres_url: str, schema: str, clock: ManualClock
+) -> Iterator[Callable[..., PostgresStore]]:
+    """Open stores on the test's schema with the test's clock (``clock=None``
+    for the server's); all closed at teardown."""
+    stores: list[PostgresStore] = []
+
+    def opener(url: str | None = None, **options: Any) -> PostgresStore:
+        options.setdefault("clock", clock)
+        options.setdefault("schema", schema)
+        store = open_store(url or postgres_url, **options)
+        stores.append(store)
+        return store
+
+    yield opener
+    for store in stores:
+        store.close()
+
+
+@pytest.fixture
+def store(open_pg: Callable[..., PostgresStore]) -> PostgresStore:
+    """A store on a fresh schema with the test's manual clock."""
+    return open_pg()

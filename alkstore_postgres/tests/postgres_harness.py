@@ -1,0 +1,77 @@
+"""The PostgreSQL engine's side of the shared contract suite.
+
+``test_postgres_contract.py`` plugs it in as
+``class TestPostgresContract(ContractSuite, PostgresHarness): pass``. Every
+test gets a fresh store schema in the server named by the ``postgres_url``
+fixture (``conftest.py``), dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from postgres_server import drop_schema, fresh_schema_name
+from psycopg import sql
+
+from alkstore_contract_tests.harness import EngineHarness, StoreTarget
+
+__all__ = ["PostgresHarness"]
+
+_FAULT_FUNCTION = "alkstore_test_dead_insert_fails"
+
+
+class PostgresHarness(EngineHarness):
+    """A fresh schema per test (``schema=`` engine option)."""
+
+    @pytest.fixture
+    def alkstore_target(self, postgres_url: str) -> Iterator[StoreTarget]:
+        """The test server's URL and a schema no other test uses."""
+        schema = fresh_schema_name("contract")
+        yield StoreTarget(postgres_url, {"schema": schema})
+        drop_schema(postgres_url, schema)
+
+    @contextlib.contextmanager
+    def app_connection(
+        self, target: StoreTarget
+    ) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+        """An autocommit psycopg connection (the suite's :meth:`begin` sends
+        ``BEGIN``) whose ``search_path`` is a fresh application schema, so
+        the application's ``CREATE TABLE orders`` never collides between
+        tests; the schema is dropped afterwards."""
+        app_schema = fresh_schema_name("app")
+        with psycopg.connect(target.url, autocommit=True) as admin:
+            admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(app_schema)))
+        try:
+            with psycopg.connect(target.url, autocommit=True) as conn:
+                conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(app_schema)))
+                yield conn
+        finally:
+            drop_schema(target.url, app_schema)
+
+    @contextlib.contextmanager
+    def dead_letter_inserts_fail(self, target: StoreTarget) -> Iterator[None]:
+        """A trigger makes every insert into the store's ``dead`` table raise."""
+        schema = target.options["schema"]
+        function = sql.Identifier(schema, _FAULT_FUNCTION)
+        dead = sql.Identifier(schema, "dead")
+        trigger = sql.Identifier(_FAULT_FUNCTION)
+        with psycopg.connect(target.url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL(
+                    "CREATE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS "
+                    "$$ BEGIN RAISE EXCEPTION 'injected dead-letter failure'; END $$"
+                ).format(function)
+            )
+            conn.execute(
+                sql.SQL(
+                    "CREATE TRIGGER {} BEFORE INSERT ON {} FOR EACH ROW EXECUTE FUNCTION {}()"
+                ).format(trigger, dead, function)
+            )
+            try:
+                yield
+            finally:
+                conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(trigger, dead))
+                conn.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(function))

@@ -1,0 +1,14 @@
+"""The shared contract suite against the PostgreSQL engine."""
+
+from __future__ import annotations
+
+import pytest
+from postgres_harness import PostgresHarness
+
+from alkstore_contract_tests import ContractSuite
+
+pytestmark = pytest.mark.postgres
+
+
+class TestPostgresContract(ContractSuite, PostgresHarness):
+    """Every contract test, on a fresh schema per test."""

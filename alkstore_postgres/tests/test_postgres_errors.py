@@ -1,0 +1,175 @@
+"""Errors: every driver error is an EngineError with the psycopg error as
+``__cause__``; enqueue_tx refuses unusable connections before any statement
+(SPEC §2 "Errors", §3 "Transactional enqueue")."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from postgres_server import drop_schema
+
+import alkstore
+from alkstore import QueueOpts
+from alkstore.errors import EngineError, StoreClosedError, ValidationError
+from alkstore_contract_tests import ManualClock
+from alkstore_postgres import PostgresStore
+
+pytestmark = pytest.mark.postgres
+
+
+def test_driver_errors_are_wrapped(
+    postgres_url: str, schema: str, open_pg: Callable[..., PostgresStore], clock: ManualClock
+) -> None:
+    store = open_pg()
+    q = store.queue("jobs", QueueOpts(visibility_timeout_s=60))
+    q.enqueue_many([1, 2])
+    handles = q.claim_batch("w", 2)
+    drop_schema(postgres_url, schema)  # the tables vanish under the open store
+    operations: list[Callable[[], Any]] = [
+        lambda: q.enqueue(1),
+        lambda: q.enqueue_many([1, 2]),
+        lambda: q.claim_one("w"),
+        lambda: q.claim_batch("w", 3),
+        lambda: q.ack_batch([1, 2]),
+        lambda: q.cancel(1),
+        lambda: q.get_job(1),
+        q.sweep_expired,
+        q.stats,
+        handles[0].ack,
+        lambda: handles[0].retry("e"),
+        lambda: handles[0].retry("e", delay=0),
+        handles[0].fail,
+        handles[0].heartbeat,
+        store.migrate,  # recreates the schema: not an error
+    ]
+    for operation in operations[:-1]:
+        with pytest.raises(EngineError) as caught:
+            operation()
+        assert isinstance(caught.value.__cause__, psycopg.errors.UndefinedTable)
+    operations[-1]()
+    assert q.stats() == (0, 0, 0, 0)
+
+
+def test_an_unreachable_server_fails_at_open() -> None:
+    start = time.monotonic()
+    with pytest.raises(EngineError) as caught:
+        alkstore.open("postgresql://postgres@127.0.0.1:1/test", pool_timeout_s=5)
+    assert isinstance(caught.value.__cause__, psycopg.OperationalError)
+    assert time.monotonic() - start < 10
+
+
+def test_a_failing_listener_connection_is_an_engine_error(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse() -> Any:
+        raise EngineError("no listener for you")
+
+    monkeypatch.setattr(store._listener, "_connect", refuse)
+    with pytest.raises(EngineError, match="no listener"):
+        store.listen("jobs")
+
+
+def test_unstorable_worker_ids_are_refused_before_io(store: PostgresStore) -> None:
+    q = store.queue("jobs")
+    q.enqueue(1)
+    for worker in ("a\x00b", "lone\ud800"):
+        with pytest.raises(ValidationError, match="worker_id"):
+            q.claim_one(worker)
+    assert q.stats() == (1, 0, 0, 0)
+
+
+def test_huge_ids_are_unknown(store: PostgresStore) -> None:
+    q = store.queue("jobs")
+    for job_id in (2**63, -(2**63) - 1, 10**30):
+        assert q.get_job(job_id) is None
+        assert not q.cancel(job_id)
+        assert q.ack_batch([job_id]) == 0
+
+
+def test_enqueue_tx_refuses_unusable_connections(postgres_url: str, store: PostgresStore) -> None:
+    q = store.queue("tx")
+    other = sqlite3.connect(":memory:")
+    try:
+        with pytest.raises(ValidationError, match=r"psycopg\.Connection"):
+            q.enqueue_tx(other, 1)
+    finally:
+        other.close()
+    with pytest.raises(ValidationError, match=r"psycopg\.Connection"):
+        q.enqueue_tx(None, 1)
+    with psycopg.connect(postgres_url, autocommit=True) as idle:
+        with pytest.raises(ValidationError, match="not inside a transaction"):
+            q.enqueue_tx(idle, 1)
+        idle.execute("BEGIN")
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            idle.execute("SELECT 1 / 0")
+        with pytest.raises(ValidationError, match="failed transaction"):
+            q.enqueue_tx(idle, 1)
+        idle.execute("ROLLBACK")
+    closed = psycopg.connect(postgres_url)
+    closed.close()
+    with pytest.raises(ValidationError, match="closed or broken"):
+        q.enqueue_tx(closed, 1)
+    assert q.stats() == (0, 0, 0, 0)
+
+
+def test_a_refused_payload_never_aborts_the_callers_transaction(
+    postgres_url: str, store: PostgresStore
+) -> None:
+    q = store.queue("tx")
+    with psycopg.connect(postgres_url) as app:
+        app.execute("CREATE TEMP TABLE orders (id int)")
+        app.commit()
+        app.execute("INSERT INTO orders VALUES (42)")
+        for payload in (float("nan"), {"s": "\ud800"}, {1: "int key"}, object()):
+            with pytest.raises(ValidationError):
+                q.enqueue_tx(app, payload)
+        job_id = q.enqueue_tx(app, {"s": "a\x00b"})
+        assert app.execute("SELECT 1").fetchone() == (1,)
+        app.commit()
+        assert app.execute("SELECT id FROM orders").fetchall() == [(42,)]
+    handle = q.claim_one("w")
+    assert handle is not None
+    assert (handle.id, handle.payload) == (job_id, {"s": "a\x00b"})
+
+
+def test_enqueue_tx_keeps_the_callers_row_factory(postgres_url: str, store: PostgresStore) -> None:
+    q = store.queue("tx")
+    with psycopg.connect(postgres_url, row_factory=psycopg.rows.dict_row) as app:
+        with app.transaction():
+            job_id = q.enqueue_tx(app, 1)
+        assert isinstance(job_id, int)
+        assert app.execute("SELECT 1 AS one").fetchone() == {"one": 1}
+
+
+def test_closed_store(store: PostgresStore) -> None:
+    q = store.queue("jobs")
+    q.enqueue(1)
+    handle = q.claim_one("w")
+    assert handle is not None
+    store.close()
+    for operation in (lambda: q.enqueue(1), lambda: q.claim_one("w"), handle.ack, q.stats):
+        with pytest.raises(StoreClosedError):
+            operation()
+    store.close()
+
+
+def test_pooled_connections_killed_by_the_server_are_replaced(
+    store: PostgresStore, admin: psycopg.Connection[Any]
+) -> None:
+    q = store.queue("jobs")
+    q.enqueue(1)
+    with store._db.connection() as conn:
+        pid = conn.info.backend_pid
+    admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+    deadline = time.monotonic() + 10
+    while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    # The idle connection is dead; the next operation takes a fresh one.
+    assert q.enqueue(2) > 0
+    assert q.stats() == (2, 0, 0, 0)

@@ -1,0 +1,82 @@
+"""Opening a store: URLs, engine options and the entry points (SPEC §1, §2)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib.metadata import entry_points
+
+import pytest
+
+import alkstore
+from alkstore.errors import ValidationError
+from alkstore_postgres import PostgresStore, open_store
+from alkstore_postgres._url import parse_url, redact
+
+pytestmark = pytest.mark.postgres
+
+
+def test_entry_points_name_both_schemes() -> None:
+    found = {ep.name: ep.value for ep in entry_points(group="alkstore.engines")}
+    assert found["postgresql"] == "alkstore_postgres:open_store"
+    assert found["postgres"] == "alkstore_postgres:open_store"
+
+
+@pytest.mark.parametrize("scheme", ["postgresql", "postgres", "PostgreSQL"])
+def test_both_schemes_open(postgres_url: str, schema: str, scheme: str) -> None:
+    url = scheme + postgres_url[postgres_url.index("://") :]
+    with alkstore.open(url, schema=schema) as store:
+        assert isinstance(store, PostgresStore)
+        assert store.schema == schema
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["mysql://x@y/z", "postgresql:/nohost", "postgresql://h/db?no_such_param=1", 42],
+)
+def test_bad_urls(url: object) -> None:
+    with pytest.raises(ValidationError):
+        parse_url(url)
+
+
+def test_passwords_are_redacted() -> None:
+    assert redact("postgresql://u:secret@h:5432/db") == "postgresql://u:***@h:5432/db"
+    assert redact("postgresql://u@h/db") == "postgresql://u@h/db"
+    with pytest.raises(ValidationError) as caught:
+        parse_url("postgresql://u:secret@h/db?no_such_param=1")
+    assert "secret" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"no_such_option": 1}, "unknown engine option"),
+        ({"schema": "Alkstore"}, "schema"),
+        ({"schema": "public"}, "reserved"),
+        ({"schema": "pg_mine"}, "reserved"),
+        ({"schema": "information_schema"}, "reserved"),
+        ({"schema": "a" * 64}, "63-byte"),
+        ({"schema": "has space"}, "schema"),
+        ({"schema": 'x"; DROP SCHEMA public; --'}, "schema"),
+        ({"schema": None}, "schema"),
+        ({"pool_min_size": -1}, "pool_min_size"),
+        ({"pool_max_size": 0}, "pool_max_size"),
+        ({"pool_min_size": 5, "pool_max_size": 2}, "pool_max_size"),
+        ({"pool_max_size": True}, "pool_max_size"),
+        ({"pool_timeout_s": 0}, "pool_timeout_s"),
+        ({"repoll_interval_s": -1}, "repoll_interval_s"),
+        ({"migrate": "yes"}, "migrate"),
+        ({"clock": 3}, "clock"),
+    ],
+)
+def test_bad_options_fail_before_any_io(options: dict[str, object], match: str) -> None:
+    # The port is closed: reaching the network would be an EngineError.
+    with pytest.raises(ValidationError, match=match):
+        open_store("postgresql://postgres@127.0.0.1:1/test", **options)
+
+
+def test_options_are_applied(open_pg: Callable[..., PostgresStore]) -> None:
+    store = open_pg(pool_min_size=0, pool_max_size=3, pool_timeout_s=5, repoll_interval_s=2.5)
+    assert store.repoll_interval_s == 2.5
+    assert "secret" not in repr(store)
+    q = store.queue("jobs")
+    assert q.get_job(q.enqueue(1)) is not None

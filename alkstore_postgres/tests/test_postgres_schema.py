@@ -1,0 +1,269 @@
+"""The schema: its own PostgreSQL schema, versioned migrations safe from
+many processes, SchemaVersionError, isolation between schemas, and claim
+plans that stay index-driven (SPEC §3 "Schema", "Claim")."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import Any
+
+import postgres_children
+import psycopg
+import pytest
+from postgres_server import drop_schema, fresh_schema_name
+from psycopg import sql
+
+from alkstore.errors import SchemaVersionError
+from alkstore_contract_tests import T0
+from alkstore_postgres import SCHEMA_VERSION, PostgresStore
+from alkstore_postgres._queue import CLAIM
+from alkstore_postgres._schema import render
+
+pytestmark = pytest.mark.postgres
+
+
+def version(admin: psycopg.Connection[Any], schema: str) -> int:
+    row = admin.execute(
+        sql.SQL("SELECT value FROM {} WHERE key = 'schema_version'").format(
+            sql.Identifier(schema, "meta")
+        )
+    ).fetchone()
+    assert row is not None
+    found: int = row[0]
+    return found
+
+
+def schema_exists(admin: psycopg.Connection[Any], schema: str) -> bool:
+    row = admin.execute("SELECT to_regnamespace(%s) IS NOT NULL", [f'"{schema}"']).fetchone()
+    assert row is not None
+    exists: bool = row[0]
+    return exists
+
+
+def test_tables_live_in_their_own_schema(
+    store: PostgresStore, admin: psycopg.Connection[Any], schema: str
+) -> None:
+    tables = admin.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = %s ORDER BY 1",
+        [schema],
+    ).fetchall()
+    assert [t for (t,) in tables] == ["dead", "jobs", "meta"]
+    indexes = {
+        name
+        for (name,) in admin.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = %s", [schema]
+        ).fetchall()
+    }
+    assert {"jobs_pending", "jobs_processing", "jobs_expiry", "dead_died"} <= indexes
+    types = dict(
+        admin.execute(
+            "SELECT column_name, data_type FROM information_schema.columns "
+            "WHERE table_schema = %s AND table_name = 'jobs'",
+            [schema],
+        ).fetchall()
+    )
+    assert types["payload"] == "bytea"
+    assert types["id"] == "bigint"
+    assert "json" not in " ".join(types.values())
+    assert version(admin, schema) == SCHEMA_VERSION
+
+
+def test_migrate_is_idempotent(
+    store: PostgresStore, admin: psycopg.Connection[Any], schema: str
+) -> None:
+    job_id = store.queue("jobs").enqueue(1)
+    store.migrate()
+    store.migrate()
+    assert version(admin, schema) == SCHEMA_VERSION
+    assert store.queue("jobs").get_job(job_id) is not None
+
+
+def test_a_newer_schema_is_refused(
+    store: PostgresStore,
+    open_pg: Callable[..., PostgresStore],
+    admin: psycopg.Connection[Any],
+    schema: str,
+) -> None:
+    admin.execute(
+        sql.SQL("UPDATE {} SET value = %s").format(sql.Identifier(schema, "meta")),
+        [SCHEMA_VERSION + 1],
+    )
+    for migrate in (True, False):
+        with pytest.raises(SchemaVersionError, match="newer"):
+            open_pg(migrate=migrate)
+    with pytest.raises(SchemaVersionError, match="newer"):
+        store.migrate()
+
+
+def test_a_missing_schema_without_migrate(
+    open_pg: Callable[..., PostgresStore], admin: psycopg.Connection[Any], schema: str
+) -> None:
+    with pytest.raises(SchemaVersionError, match="no alkstore schema"):
+        open_pg(migrate=False)
+    assert not schema_exists(admin, schema)  # nothing was created
+    open_pg()
+    open_pg(migrate=False)
+
+
+def test_a_schema_made_by_a_dba_is_adopted(
+    open_pg: Callable[..., PostgresStore], admin: psycopg.Connection[Any], schema: str
+) -> None:
+    admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    store = open_pg()
+    assert store.queue("jobs").enqueue(1) >= 1
+    assert version(admin, schema) == SCHEMA_VERSION
+
+
+def test_threads_open_a_fresh_schema_at_once(
+    open_pg: Callable[..., PostgresStore], admin: psycopg.Connection[Any], schema: str
+) -> None:
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def opener() -> None:
+        try:
+            barrier.wait()
+            open_pg()
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=opener) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert version(admin, schema) == SCHEMA_VERSION
+
+
+@pytest.mark.slow
+def test_processes_open_a_fresh_schema_at_once(
+    postgres_url: str, schema: str, admin: psycopg.Connection[Any]
+) -> None:
+    barrier = postgres_children.barrier(6)
+    versions = postgres_children.run_children(
+        postgres_children.open_at_once, [(postgres_url, schema, barrier)] * 6
+    )
+    assert versions == [SCHEMA_VERSION] * 6
+    assert version(admin, schema) == SCHEMA_VERSION
+
+
+@pytest.fixture
+def other_schema(postgres_url: str) -> Iterator[str]:
+    name = fresh_schema_name()
+    yield name
+    drop_schema(postgres_url, name)
+
+
+def test_two_schemas_do_not_see_each_other(
+    open_pg: Callable[..., PostgresStore], other_schema: str
+) -> None:
+    a, b = open_pg(), open_pg(schema=other_schema)
+    qa, qb = a.queue("jobs"), b.queue("jobs")
+    sub_b = b.listen("jobs")
+    job_id = qa.enqueue("only in a")
+    assert not sub_b.wait(0.3)  # no wake across schemas
+    assert qb.claim_one("w") is None
+    assert qb.get_job(job_id) is None
+    assert not qb.cancel(job_id)
+    assert qb.stats() == (0, 0, 0, 0)
+    assert qa.stats() == (1, 0, 0, 0)
+    other = qb.enqueue("only in b")
+    handle = qa.claim_one("w")
+    assert handle is not None
+    assert handle.payload == "only in a"
+    handle_b = qb.claim_one("w")
+    assert handle_b is not None
+    assert (handle_b.id, handle_b.payload) == (other, "only in b")
+
+
+# -- plans ------------------------------------------------------------------
+
+_FILL = """
+    INSERT INTO {jobs} (queue, state, payload, content_type, priority, run_at,
+        enqueued_at, max_attempts, visibility_timeout_s, backoff_base_s, backoff_cap_s)
+    SELECT %(queue)s, 'pending', '\\x31'::bytea, 'application/json', %(priority)s,
+        %(run_at)s::timestamptz + g * interval '1 microsecond', %(run_at)s, 5, 30, 4, 3600
+    FROM generate_series(1, %(rows)s) AS g
+"""
+_FILL_DEAD = """
+    INSERT INTO {dead} (id, queue, payload, content_type, priority, run_at, enqueued_at,
+        attempts, max_attempts, visibility_timeout_s, backoff_base_s, backoff_cap_s, died_at)
+    SELECT -g, %(queue)s, '\\x31'::bytea, 'application/json', 9, %(run_at)s, %(run_at)s,
+        1, 5, 30, 4, 3600, %(run_at)s
+    FROM generate_series(1, %(rows)s) AS g
+"""
+
+
+def fill(admin: psycopg.Connection[Any], schema: str, template: str, **params: Any) -> None:
+    admin.execute(render(sql.SQL(template), schema), params)
+
+
+def claim_plan(admin: psycopg.Connection[Any], schema: str, queue: str, now: datetime) -> Any:
+    """The generic (prepared) plan of the claim, executed and rolled back."""
+    text = render(CLAIM, schema).decode()
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match[1] not in names:
+            names.append(match[1])
+        return f"${names.index(match[1]) + 1}"
+
+    text = re.sub(r"%\((\w+)\)s", number, text)
+    assert names == ["queue", "now", "n", "worker_id"]
+    admin.execute("BEGIN")
+    try:
+        admin.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        admin.execute(f"PREPARE claim_plan (text, timestamptz, bigint, text) AS {text}")
+        row = admin.execute(
+            sql.SQL(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim_plan({}, {}, 10, 'w')"
+            ).format(sql.Literal(queue), sql.Literal(now))
+        ).fetchone()
+        admin.execute("DEALLOCATE claim_plan")
+    finally:
+        admin.execute("ROLLBACK")
+    assert row is not None
+    return row[0][0]
+
+
+def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from nodes(child)
+
+
+@pytest.mark.slow
+def test_claims_stay_index_driven_and_flat(
+    store: PostgresStore, admin: psycopg.Connection[Any], schema: str
+) -> None:
+    early, late = datetime(2020, 1, 1, tzinfo=T0.tzinfo), datetime(2040, 1, 1, tzinfo=T0.tzinfo)
+    # A small queue and a big one in one table; the big one also has future
+    # jobs (same priority), dead rows and a higher-priority queue beside it.
+    fill(admin, schema, _FILL, queue="small", priority=0, run_at=early, rows=1_000)
+    fill(admin, schema, _FILL, queue="big", priority=0, run_at=early, rows=100_000)
+    fill(admin, schema, _FILL, queue="big", priority=0, run_at=late, rows=100_000)
+    fill(admin, schema, _FILL, queue="other", priority=9, run_at=early, rows=50_000)
+    fill(admin, schema, _FILL_DEAD, queue="big", run_at=early, rows=100_000)
+    admin.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(schema, "jobs")))
+    admin.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(schema, "dead")))
+
+    buffers = {}
+    for queue in ("small", "big"):
+        plan = claim_plan(admin, schema, queue, T0)
+        text = json.dumps(plan)
+        assert "Seq Scan" not in text, text
+        scans = {n.get("Index Name") for n in nodes(plan["Plan"]) if "Index Name" in n}
+        assert {"jobs_pending", "jobs_processing"} <= scans
+        assert plan["Plan"]["Actual Rows"] == 10
+        buffers[queue] = sum(
+            n.get("Shared Hit Blocks", 0) + n.get("Shared Read Blocks", 0)
+            for n in nodes(plan["Plan"])
+        )
+    # 100 times the rows, and future and dead rows beside them: the claim
+    # touches about the same number of pages.
+    assert buffers["big"] <= buffers["small"] + 20, buffers
