@@ -16,24 +16,36 @@ other terminals while it runs::
 
     cd examples && alkstore --url sqlite:///../quickstart.db worker quickstart:app -c 4
 
-The summary's manifest digest is the SHA-256 of ``sha256sum``'s output for
-the same files, sorted by path; the command it prints recomputes it.
+Every regular file is hashed, whatever its name: names with newlines or
+other control characters, and names that are not valid UTF-8. A job's path
+argument is text (a payload is strict JSON), so a path travels as
+:func:`path_text`: the file name's own characters, with ``%`` written
+``%25`` and each byte that is not UTF-8 written ``%XX``;
+``urllib.parse.unquote_to_bytes`` gives the exact bytes back.
+
+The summary's manifest digest is the SHA-256 of ``sha256sum --zero``'s
+output for the same files, sorted by path bytes (``--zero`` ends each line
+with a NUL and leaves names unescaped, so that every name is hashed as it
+is); the command it prints recomputes it.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import os
 import shlex
 import sqlite3
 import stat
+import sys
 import sysconfig
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 import alkstore
 
@@ -41,6 +53,7 @@ DEFAULT_URL = "sqlite:///quickstart.db"
 #: Folders not walked: bytecode caches change while Python runs, and
 #: site-packages holds installed packages, not the standard library.
 SKIPPED_DIRS = ("__pycache__", "site-packages", "dist-packages")
+_SKIPPED_DIRS_BYTES = tuple(os.fsencode(name) for name in SKIPPED_DIRS)
 
 app = alkstore.App(os.environ.get("ALKSTORE_URL") or DEFAULT_URL)
 
@@ -107,22 +120,34 @@ def results() -> Results:
         return _results
 
 
+def path_text(path: bytes) -> str:
+    """``path`` as text that a JSON payload and a TEXT column hold: its
+    characters as UTF-8, except ``%`` as ``%25`` and each byte that is not
+    UTF-8 as ``%XX``. ``unquote_to_bytes`` reverses it exactly."""
+    text = path.decode("utf-8", "surrogateescape").replace("%", "%25")
+    # surrogateescape maps each undecodable byte 0xXX to the code point U+DCXX.
+    return "".join(f"%{ord(ch) - 0xDC00:02X}" if "\udc80" <= ch <= "\udcff" else ch for ch in text)
+
+
 @app.task(queue="hash-files", name="hash_file", max_attempts=3, backoff_base_s=1)
 def hash_file(path: str) -> None:
-    """Hash one file and upsert its row; retried (then dead-lettered) if the
-    file cannot be read."""
-    data = Path(path).read_bytes()
+    """Hash one file (``path`` as :func:`path_text` writes it) and upsert its
+    row; retried (then dead-lettered) if the file cannot be read."""
+    with open(unquote_to_bytes(path), "rb") as file:
+        data = file.read()
     digest = hashlib.sha256(data).hexdigest()
     results().execute(Results.UPSERT, path, digest, len(data), data.count(b"\n"))
 
 
-def walk(root: Path) -> Iterator[Path]:
-    """The regular files under ``root`` (no symlinks, no skipped folders)."""
+def walk(root: bytes) -> Iterator[bytes]:
+    """The regular files under ``root`` (no symlinks, no skipped folders),
+    as bytes: every name, whether or not it is valid UTF-8 or printable."""
     for folder, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS]
+        dirs[:] = [d for d in dirs if d not in _SKIPPED_DIRS_BYTES]
         for name in files:
-            path = Path(folder, name)
-            if stat.S_ISREG(path.lstat().st_mode) and str(path).isprintable():
+            path = os.path.join(folder, name)
+            # `find -name X -prune` drops a file named X too, so skip it as well.
+            if name not in _SKIPPED_DIRS_BYTES and stat.S_ISREG(os.lstat(path).st_mode):
                 yield path
 
 
@@ -132,7 +157,7 @@ def check_command(root: Path, limit: int | None) -> str:
     head = "" if limit is None else f" | head -z -n {limit}"
     return (
         f"cd {shlex.quote(str(root))} && find . \\( {prune} \\) -prune -o -type f -print0 "
-        f"| LC_ALL=C sort -z{head} | xargs -0 sha256sum | sha256sum"
+        f"| LC_ALL=C sort -z{head} | xargs -0 sha256sum --zero | sha256sum"
     )
 
 
@@ -148,9 +173,12 @@ def main() -> None:
 
     from tqdm import tqdm
 
+    if isinstance(sys.stdout, io.TextIOWrapper):  # print a non-UTF-8 root as its bytes
+        sys.stdout.reconfigure(errors="surrogateescape")
     root = args.root.resolve()
-    # In `LC_ALL=C sort` order (code points), so --limit takes what `head` takes.
-    files = sorted(walk(root), key=str)[: args.limit]
+    root_bytes = os.fsencode(root)
+    # In `LC_ALL=C sort` order (bytes), so --limit takes what `head` takes.
+    files = sorted(walk(root_bytes))[: args.limit]
     app.configure(args.url)
     table = results()
     table.execute(Results.DDL)
@@ -159,7 +187,7 @@ def main() -> None:
     dead_before = queue.stats().dead
 
     started = time.perf_counter()
-    hash_file.enqueue_many([(str(path),) for path in files])
+    hash_file.enqueue_many([(path_text(path),) for path in files])
     worker = app.worker(concurrency=args.concurrency, poll_interval_s=0.2)
     runner = threading.Thread(target=worker.run, name="quickstart-worker")
     runner.start()
@@ -178,9 +206,11 @@ def main() -> None:
     elapsed = time.perf_counter() - started
 
     rows = table.execute("SELECT path, sha256, size FROM quickstart_files")
-    # Sorted as `LC_ALL=C sort` sorts: code point order is UTF-8 byte order.
-    lines = sorted(f"./{Path(path).relative_to(root)}\0{sha}" for path, sha, _ in rows)
-    manifest = "".join(f"{sha}  {rel}\n" for rel, sha in (line.split("\0") for line in lines))
+    # As `find .` names them, sorted as `LC_ALL=C sort` sorts: by bytes.
+    relative = sorted(
+        (b"./" + os.path.relpath(unquote_to_bytes(path), root_bytes), sha) for path, sha, _ in rows
+    )
+    manifest = b"".join(sha.encode() + b"  " + rel + b"\0" for rel, sha in relative)
     dead = queue.stats().dead - dead_before
     table.close()
     app.close()
@@ -190,7 +220,7 @@ def main() -> None:
     print(f"jobs/s:          {len(files) / elapsed:.0f} ({elapsed:.2f} s)")
     print(f"retries:         {worker.counts.retried}")
     print(f"dead letters:    {dead}")
-    print(f"manifest sha256: {hashlib.sha256(manifest.encode()).hexdigest()}")
+    print(f"manifest sha256: {hashlib.sha256(manifest).hexdigest()}")
     print(f"check it with:   {check_command(root, args.limit)}")
 
 

@@ -166,6 +166,11 @@ class Heartbeater:
                 wait_s = self.beat_due()
             except StoreClosedError:
                 return
+            except Exception:
+                # A bug must not end the thread: every running job's claim
+                # would lapse while its handler ran on.
+                log.exception("the heartbeat thread failed; trying again")
+                wait_s = _RETRY_AFTER_ERROR_S
             with self._cond:
                 if self._stopping:
                     return

@@ -10,6 +10,7 @@ the explicit choices, after Celery's ``Reject``/``Retry`` and Oban's
 from __future__ import annotations
 
 from alkstore import _validation as v
+from alkstore.errors import ValidationError
 
 __all__ = ["Fail", "Retry"]
 
@@ -25,9 +26,22 @@ class Fail(Exception):
     ----------
     message
         Stored as the dead job's ``last_error``; ``None`` stores ``"failed"``.
+
+    Raises
+    ------
+    ValidationError
+        For a ``message`` that is neither a ``str`` nor ``None`` (checked
+        here, as :class:`Retry` checks its own, so that a bad message can
+        never reach :meth:`JobHandle.fail`). Raised inside a handler, that
+        error is itself an unexpected exception, so the job is retried with
+        backoff and its ``last_error`` names the mistake.
     """
 
     def __init__(self, message: str | None = None) -> None:
+        if message is not None and not isinstance(message, str):
+            raise ValidationError(
+                f"Fail's message must be a str or None, not {type(message).__name__}"
+            )
         super().__init__(*(() if message is None else (message,)))
         self.message = message
 
@@ -58,7 +72,7 @@ class Retry(Exception):
     """
 
     def __init__(self, message: str = "retry requested", *, delay: object = None) -> None:
-        v.error_text(message, "message")
+        v.error_text(message, "Retry's message")
         self.delay_s = None if delay is None else v.duration_s(delay, "delay")
         super().__init__(message)
         self.message = message

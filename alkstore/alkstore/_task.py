@@ -8,7 +8,10 @@ arguments that are not strict JSON raise ``ValidationError`` at enqueue.
 
 from __future__ import annotations
 
+import difflib
 import functools
+import inspect
+import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, ParamSpec, TypeVar
@@ -71,23 +74,49 @@ def parse_task_payload(payload: object) -> TaskCall:
     return TaskCall(name, args, kwargs)
 
 
+def _script_module_name(path: str) -> str:
+    """The dotted name ``python -m`` would import the script at ``path`` as:
+    its stem, preceded by each enclosing folder that holds an
+    ``__init__.py`` (a regular package), outermost first.
+
+    ``proj/jobs.py`` with ``proj/__init__.py`` is ``proj.jobs``; a script
+    outside any package is its stem; ``proj/__init__.py`` itself is
+    ``proj``. Namespace packages (folders without ``__init__.py``) cannot be
+    told from plain folders, so they end the walk.
+    """
+    folder, filename = os.path.split(os.path.abspath(path))
+    stem = os.path.splitext(filename)[0]
+    parts = [] if stem == "__init__" else [stem]
+    while os.path.isfile(os.path.join(folder, "__init__.py")):
+        folder, package = os.path.split(folder)
+        if not package.isidentifier():
+            break
+        parts.insert(0, package)
+    return ".".join(parts) or stem
+
+
 def default_task_name(func: Callable[..., Any]) -> str:
     """``module.qualname`` of ``func``, as Celery names tasks.
 
     A function defined in a script run as ``python path/to/jobs.py`` lives in
     ``__main__``; it is named after the module the script would be imported
-    as (``jobs.func``, or the ``-m`` module name), so the script and an
-    ``alkstore worker jobs:app`` that imports it agree on the name.
+    as, so that the script and an ``alkstore worker MODULE:app`` that imports
+    it agree on the name: the ``-m`` module name (``python -m proj.jobs``),
+    else the script's stem preceded by its enclosing packages (the folders
+    holding an ``__init__.py``): ``python proj/jobs.py`` gives
+    ``proj.jobs.func`` when ``proj/__init__.py`` exists, ``jobs.func``
+    otherwise.
     """
     module = getattr(func, "__module__", None) or "__main__"
     if module == "__main__":
         main = sys.modules.get("__main__")
         spec = getattr(main, "__spec__", None)
+        spec_name = getattr(spec, "name", None)
         path = getattr(main, "__file__", None)
-        if spec is not None and getattr(spec, "name", None):
-            module = spec.name
-        elif isinstance(path, str):
-            module = path.rsplit("/", 1)[-1].removesuffix(".py")
+        if isinstance(spec_name, str) and spec_name and spec_name != "__main__":
+            module = spec_name
+        elif isinstance(path, str) and path:
+            module = _script_module_name(path)
     qualname = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
     return f"{module}.{qualname}"
 
@@ -124,6 +153,10 @@ class Task(Generic[P, R]):
         self.name = name
         self.queue = queue
         self._enqueue_opts: dict[str, object] = dict(enqueue_opts or {})
+        try:
+            self._signature: inspect.Signature | None = inspect.signature(func)
+        except (TypeError, ValueError):  # some builtins have none: calls go unchecked
+            self._signature = None
         functools.update_wrapper(self, func)
 
     def __repr__(self) -> str:
@@ -188,8 +221,50 @@ class Task(Generic[P, R]):
         enqueue_options(**merged)
         return Task(self.app, self.func, self.name, self.queue, merged)
 
+    def check_call(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """Check that ``func(*args, **kwargs)`` matches the function's
+        signature, as a call would, without calling it.
+
+        Enqueueing checks this first, so a mistyped keyword fails in the
+        enqueueing process instead of in every attempt on a worker.
+
+        Raises
+        ------
+        ValidationError
+            Naming the task and what is wrong (an unexpected or missing
+            argument, too many positional arguments); for an unexpected
+            keyword that is a per-job option (or close to one), saying that
+            those go through :meth:`options`.
+        """
+        if self._signature is None:
+            return
+        try:
+            self._signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            message = f"task {self.name!r} cannot be called with these arguments: {exc}"
+            accepted = set(self._signature.parameters)
+            for keyword in kwargs:
+                if keyword in accepted:
+                    continue
+                close = difflib.get_close_matches(keyword, ENQUEUE_OPTIONS, n=1)
+                if close:
+                    message += (
+                        f"; {keyword!r} is not an argument of the task (per-job options such "
+                        f"as {close[0]!r} go through task.options({close[0]}=...).enqueue(...))"
+                    )
+                    break
+            raise ValidationError(message) from None
+
     def payload(self, *args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
-        """The job payload of this call, as :meth:`enqueue` would store it."""
+        """The job payload of this call, as :meth:`enqueue` would store it.
+
+        Raises
+        ------
+        ValidationError
+            If the arguments do not fit the function's signature
+            (:meth:`check_call`).
+        """
+        self.check_call(args, kwargs)
         return task_payload(self.name, args, kwargs)
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> int:
@@ -203,8 +278,10 @@ class Task(Generic[P, R]):
         Raises
         ------
         ValidationError
-            If an argument is not strict JSON (SPEC §3 "Payload"); nothing
-            is stored.
+            If the arguments do not fit the function's signature (a
+            mistyped keyword, a missing argument: :meth:`check_call`) or an
+            argument is not strict JSON (SPEC §3 "Payload"); nothing is
+            stored.
         StoreClosedError, EngineError
             As :meth:`Queue.enqueue`.
         """
@@ -231,7 +308,9 @@ class Task(Generic[P, R]):
         Raises
         ------
         ValidationError
-            For arguments that are not strict JSON, or a ``conn`` outside a
+            For arguments that do not fit the function's signature
+            (:meth:`check_call`; per-job options go through :meth:`options`,
+            never here) or are not strict JSON, or a ``conn`` outside a
             transaction; the caller's transaction is left as it was.
         """
         return self.app.queue(self.queue).enqueue_tx(
@@ -251,8 +330,9 @@ class Task(Generic[P, R]):
         Raises
         ------
         ValidationError
-            If an item is not a list or tuple, or an argument is not strict
-            JSON; nothing is stored.
+            If an item is not a list or tuple, does not fit the function's
+            signature, or holds an argument that is not strict JSON; nothing
+            is stored.
         """
         payloads = []
         for call in calls:
@@ -261,5 +341,6 @@ class Task(Generic[P, R]):
                     f"each call must be a list or tuple of positional arguments, "
                     f"not {type(call).__name__}"
                 )
+            self.check_call(call, {})
             payloads.append(task_payload(self.name, call, {}))
         return self.app.queue(self.queue).enqueue_many(payloads, **self._enqueue_opts)

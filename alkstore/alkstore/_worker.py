@@ -326,7 +326,14 @@ class Worker:
             self._started = True
         queues = [self._app.queue(name) for name in self._queue_names]
         self._tasks = dict(self._app.tasks)
-        subscriptions = [] if burst else [self._app.store.listen(q) for q in self._queue_names]
+        subscriptions: list[Subscription] = []
+        try:
+            for name in [] if burst else self._queue_names:
+                subscriptions.append(self._app.store.listen(name))
+        except BaseException:
+            for sub in subscriptions:  # do not leak the ones already opened
+                sub.close()
+            raise
         listeners = [
             threading.Thread(
                 target=self._listen, args=(sub,), name=f"alkstore-listen-{sub.queue_name}"
@@ -476,15 +483,56 @@ class Worker:
             )
 
     # -- one job -------------------------------------------------------------
+    #
+    # Whatever goes wrong around a job (recording its outcome raised, the
+    # store refused an argument, a bug in this module), its slot is freed and
+    # the outcome counted: a leaked slot would leave ``running`` stuck above
+    # zero, so ``run(burst=True)`` would never return and a stop would wait
+    # out the whole grace period. A job whose outcome could not be recorded
+    # is left claimed and unheartbeaten: its claim lapses and it is
+    # reclaimed (``lost``), as for a worker that died.
 
     def _start(self, handle: JobHandle, pool: DaemonPool) -> None:
         token = next(self._tokens)
-        beat = self._heartbeater.add(handle)
         with self._cond:
             self._running[token] = handle
-        pool.submit(lambda: self._execute(token, handle, beat))
+        beat: Beat | None = None
+        try:
+            beat = self._heartbeater.add(handle)
+            started_beat = beat
+            pool.submit(lambda: self._execute(token, handle, started_beat))
+        except Exception:
+            log.exception(
+                "could not start job %s of %r; its claim is left to lapse", handle.id, handle.queue
+            )
+            if beat is not None:
+                self._heartbeater.remove(beat)
+            self._finish(token, "lost")
+
+    def _finish(self, token: int, outcome: Outcome) -> None:
+        """Free a job's slot and count its outcome."""
+        with self._cond:
+            self._running.pop(token, None)
+            self._counts[outcome] += 1
+            self._woken = True
+            self._cond.notify_all()
 
     def _execute(self, token: int, handle: JobHandle, beat: Beat) -> None:
+        outcome: Outcome = "lost"
+        try:
+            outcome = self._run_job(handle, beat)
+        except BaseException:
+            log.exception(
+                "running job %s of %r failed inside the worker; its claim is left to lapse",
+                handle.id,
+                handle.queue,
+            )
+        finally:
+            self._heartbeater.remove(beat)
+            self._finish(token, outcome)
+
+    def _run_job(self, handle: JobHandle, beat: Beat) -> Outcome:
+        """Run one job's handler and record its outcome; return it."""
         started = time.monotonic()
         task_name = "?"
         action: Literal["ack", "retry", "fail"] = "ack"
@@ -502,7 +550,7 @@ class Worker:
                 self._tasks = dict(self._app.tasks)
                 task = self._tasks.get(call.name)
             if task is None:
-                known = ", ".join(sorted(self._app.tasks)) or "none"
+                known = ", ".join(sorted(self._tasks)) or "none"
                 action, error = (
                     "fail",
                     (
@@ -525,12 +573,23 @@ class Worker:
             if action == "ack":
                 took = handle.ack()
             elif action == "retry":
-                assert error is not None
-                took = handle.retry(error, delay_s)
+                took = handle.retry(error if error is not None else "retry requested", delay_s)
             else:
                 took = handle.fail(error)
+        except StoreClosedError:
+            log.warning(
+                "the store closed before the outcome of job %s of %r was recorded; "
+                "its claim is left to lapse",
+                handle.id,
+                handle.queue,
+            )
+            took = False
         except Exception:
-            log.exception("recording the outcome of job %s of %r failed", handle.id, handle.queue)
+            log.exception(
+                "recording the outcome of job %s of %r failed; its claim is left to lapse",
+                handle.id,
+                handle.queue,
+            )
             took = False
         outcome: Outcome
         if not took:
@@ -541,20 +600,19 @@ class Worker:
             outcome = "dead"
         else:
             outcome = "retried"
-        self._record(
-            handle=handle,
-            task_name=task_name,
-            outcome=outcome,
-            action=action,
-            error=error,
-            duration_s=duration_s,
-            exc_info=exc_info,
-        )
-        with self._cond:
-            del self._running[token]
-            self._counts[outcome] += 1
-            self._woken = True
-            self._cond.notify_all()
+        try:
+            self._record(
+                handle=handle,
+                task_name=task_name,
+                outcome=outcome,
+                action=action,
+                error=error,
+                duration_s=duration_s,
+                exc_info=exc_info,
+            )
+        except Exception:
+            log.exception("logging the outcome of job %s of %r failed", handle.id, handle.queue)
+        return outcome
 
     def _record(
         self,
@@ -563,7 +621,7 @@ class Worker:
         task_name: str,
         outcome: Outcome,
         action: str,
-        error: str | None,
+        error: object,
         duration_s: float,
         exc_info: BaseException | None,
     ) -> None:
@@ -582,13 +640,15 @@ class Worker:
             f"job {handle.id} of {handle.queue!r} ({task_name}) {outcome}: "
             f"attempt {handle.attempts} of {handle.max_attempts}, {duration_s:.3f} s"
         )
-        first_line = (error or "").split("\n", 1)[0]
+        first_line = ("" if error is None else str(error)).split("\n", 1)[0]
         if outcome == "succeeded":
             log.info("%s", where, extra=extra)
         elif outcome == "lost":
             log.warning(
-                "%s; its claim was no longer this worker's, so the outcome was not recorded",
+                "%s; its outcome (%s) was not recorded: the claim was no longer this "
+                "worker's (it lapsed, was reclaimed or was cancelled) or recording it failed",
                 where,
+                action,
                 extra=extra,
             )
         elif outcome == "retried":

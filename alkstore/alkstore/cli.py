@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 import time
+import traceback
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any, NoReturn
@@ -33,6 +34,7 @@ from alkstore._app import App
 from alkstore._job import Job, QueueStats
 from alkstore._queue import Queue
 from alkstore._store import Store
+from alkstore._task import parse_task_payload
 from alkstore._worker import DEFAULT_GRACE_PERIOD_S, DEFAULT_POLL_INTERVAL_S
 from alkstore.errors import AlkstoreError
 
@@ -41,6 +43,8 @@ __all__ = ["cli", "load_app", "main", "redact_url"]
 #: The environment variable naming the app of ``--app``.
 APP_ENV = "ALKSTORE_APP"
 STATS_COLUMNS = ("pending", "scheduled", "processing", "dead")
+
+log = logging.getLogger("alkstore.cli")
 
 
 def redact_url(url: str) -> str:
@@ -60,61 +64,114 @@ def _fail(message: str) -> NoReturn:
 
 
 @contextlib.contextmanager
-def _errors() -> Iterator[None]:
-    """Turn alkstore's errors into one line on stderr and exit status 1."""
+def _errors(debug: bool = False) -> Iterator[None]:
+    """Turn alkstore's errors into one line on stderr and exit status 1
+    (after the traceback, with ``--debug``)."""
     try:
         yield
     except AlkstoreError as exc:
-        text = " ".join(str(exc).split()) or type(exc).__name__
-        _fail(f"{text} ({type(exc).__name__})")
+        if debug:
+            traceback.print_exc()
+        _fail(f"{_one_line(exc)} ({type(exc).__name__})")
 
 
-def load_app(spec: str) -> App:
+def _one_line(exc: BaseException) -> str:
+    """``exc``'s message with its whitespace (newlines included) collapsed."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def load_app(spec: str, *, debug: bool = False) -> App:
     """Import the :class:`App` named by ``MODULE:ATTR`` (``MODULE`` alone
     means ``MODULE:app``), after putting the current directory first on
     ``sys.path`` as Celery and uvicorn do.
 
+    Parameters
+    ----------
+    spec
+        ``MODULE:ATTR``; ``ATTR`` may be dotted.
+    debug
+        Print the traceback of a failed import on stderr before the error.
+
     Raises
     ------
     click.ClickException
-        If the module cannot be imported or the attribute is not an App.
+        One line naming ``spec`` and the error, whatever made loading fail:
+        the module cannot be found, or raised while it was imported (a
+        ``SyntaxError``, a ``ValidationError`` from a bad ``@app.task``...),
+        the attribute is missing, or it is not an App. The traceback is also
+        logged at DEBUG on ``alkstore.cli``.
     """
     module_name, _, attr = spec.partition(":")
     attr = attr or "app"
     if not module_name:
         _fail(f"{spec!r} names no module; expected MODULE:APP, e.g. myproject.jobs:app")
+    where = f"cannot load the app {module_name}:{attr}"
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+
+    def failed(what: str, exc: BaseException) -> NoReturn:
+        log.debug("%s", where, exc_info=exc)
+        if debug:
+            traceback.print_exception(exc)
+        _fail(f"{where}: {what} {type(exc).__name__}: {_one_line(exc)}")
+
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        _fail(f"cannot import {module_name!r}: {exc}")
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and f"{module_name}.".startswith(f"{exc.name}."):
+            # The module itself (or a parent package) is missing, not
+            # something the module imports.
+            log.debug("%s", where, exc_info=exc)
+            _fail(
+                f"{where}: cannot import {module_name!r}: {_one_line(exc)} (run the command "
+                "from the folder that holds it, or put that folder on PYTHONPATH)"
+            )
+        failed(f"importing {module_name!r} raised", exc)
+    except Exception as exc:
+        failed(f"importing {module_name!r} raised", exc)
     found: object = module
     for part in attr.split("."):
         try:
             found = getattr(found, part)
         except AttributeError:
-            _fail(f"module {module_name!r} has no attribute {attr!r}")
+            _fail(f"{where}: module {module_name!r} has no attribute {attr!r}")
+        except Exception as exc:
+            failed(f"reading {attr!r} raised", exc)
     if not isinstance(found, App):
-        _fail(f"{spec} is a {type(found).__name__}, not an alkstore.App")
+        _fail(f"{where}: it is a {type(found).__name__}, not an alkstore.App")
     return found
 
 
 class _Context:
     """What the group passes to its commands."""
 
-    def __init__(self, url: str | None, url_from_command_line: bool) -> None:
+    def __init__(self, url: str | None, url_from_command_line: bool, debug: bool) -> None:
         self.url = url
         self.url_from_command_line = url_from_command_line
+        self.debug = debug
 
-    def app(self, spec: str) -> App:
-        """Load an app; a ``--url`` on the command line overrides its URL."""
-        app = load_app(spec)
+    def errors(self) -> contextlib.AbstractContextManager[None]:
+        """:func:`_errors` with this command's ``--debug``."""
+        return _errors(self.debug)
+
+    def app(self, spec: str, *, migrate: bool | None = None) -> App:
+        """Load an app; a ``--url`` on the command line overrides its URL.
+
+        ``migrate=False`` makes the app open its store without migrating
+        (the read-only commands); ``None`` keeps the app's own choice. An app
+        whose store is already open (its module used it at import, or it
+        wraps a store it was given) cannot change either: a ``--url`` is
+        then an error, while ``migrate=False`` is moot.
+        """
+        app = load_app(spec, debug=self.debug)
         if self.url_from_command_line:
             try:
                 app.configure(self.url)
             except RuntimeError as exc:
-                _fail(str(exc))
+                _fail(f"--url cannot apply to {spec}: {exc}")
+        if migrate is not None:
+            with contextlib.suppress(RuntimeError):
+                app.configure(migrate=migrate)
         return app
 
     def open(self, *, migrate: bool = True) -> Store:
@@ -124,7 +181,11 @@ class _Context:
 def _queues_of(
     ctx: _Context, names: Sequence[str], app_spec: str | None, *, migrate: bool
 ) -> tuple[contextlib.ExitStack, list[Queue]]:
-    """Open the store and the queues named by ``--queue`` and ``--app``."""
+    """Open the store and the queues named by ``--queue`` and ``--app``.
+
+    ``migrate=False`` opens the store without migrating, with or without an
+    app: the read-only commands never create or upgrade a schema.
+    """
     if not names and not app_spec:
         _fail(
             "name the queues: --queue NAME (repeatable) or --app MODULE:APP "
@@ -132,11 +193,25 @@ def _queues_of(
         )
     stack = contextlib.ExitStack()
     if app_spec:
-        app = stack.enter_context(ctx.app(app_spec))
+        app = stack.enter_context(ctx.app(app_spec, migrate=None if migrate else False))
         all_names = list(dict.fromkeys([*names, *app.queue_names]))
-        return stack, [app.queue(name) for name in all_names]
+        if not all_names:
+            stack.close()
+            _fail(f"{app_spec} has no tasks, so names no queue; add --queue NAME")
+        with _closing_on_error(stack):
+            return stack, [app.queue(name) for name in all_names]
     store = stack.enter_context(ctx.open(migrate=migrate))
-    return stack, [store.queue(name) for name in dict.fromkeys(names)]
+    with _closing_on_error(stack):
+        return stack, [store.queue(name) for name in dict.fromkeys(names)]
+
+
+@contextlib.contextmanager
+def _closing_on_error(stack: contextlib.ExitStack) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        stack.close()
+        raise
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -147,12 +222,17 @@ def _queues_of(
     help="The store: sqlite:///path.db or postgresql://... "
     "[default: $ALKSTORE_URL, else sqlite:///alkstore.db]",
 )
+@click.option(
+    "--debug",
+    is_flag=True,
+    help="On an error, print its traceback before the one-line message.",
+)
 @click.version_option(alkstore.__version__, prog_name="alkstore")
 @click.pass_context
-def cli(click_ctx: click.Context, url: str | None) -> None:
+def cli(click_ctx: click.Context, url: str | None, debug: bool) -> None:
     """Run and inspect alkstore jobs."""
     source = click_ctx.get_parameter_source("url")
-    click_ctx.obj = _Context(url, source is click.core.ParameterSource.COMMANDLINE)
+    click_ctx.obj = _Context(url, source is click.core.ParameterSource.COMMANDLINE, debug)
 
 
 @cli.command()
@@ -219,14 +299,15 @@ def worker(
     jobs finish within the grace period; a second one exits at once, leaving
     them to be reclaimed.
     """
+    app = ctx.app(app_spec)
+    # After the import, so that logging configured by the app's module wins.
     if not logging.getLogger().handlers:
         logging.basicConfig(
             level=log_level.upper(),
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
             stream=sys.stderr,
         )
-    app = ctx.app(app_spec)
-    with _errors(), app:
+    with ctx.errors(), app:
         runner = app.worker(
             list(queues) or None,
             concurrency,
@@ -252,7 +333,8 @@ def worker(
     "app_spec",
     envvar=APP_ENV,
     metavar="MODULE:APP",
-    help="Stamp the queue options this app gives QUEUE [default: QueueOpts()]",
+    help="Stamp the queue options this app gives QUEUE, and check a task payload "
+    "against the app's tasks [default: QueueOpts(), unchecked]",
 )
 @click.pass_obj
 def enqueue(
@@ -269,19 +351,47 @@ def enqueue(
     """Add a job whose payload is JSON to QUEUE; print its id.
 
     A worker runs it when the payload names a task:
-    '{"task": "jobs.send", "args": [1], "kwargs": {}}'.
+    '{"task": "jobs.send", "args": [1], "kwargs": {}}'. Without --app the job
+    gets the default queue options (QueueOpts()), not those the task's app
+    declares (max_attempts, backoff...): pass --app MODULE:APP for those.
     """
     try:
         value = json.loads(payload)
     except ValueError as exc:
         _fail(f"JSON is not valid JSON: {exc}")
-    with _errors():
-        stack, handles = _queues_of(ctx, [queue_name], app_spec, migrate=True)
-        with stack:
-            job_id = handles[0].enqueue(
-                value, delay=delay, priority=priority, max_attempts=max_attempts, expires=expires
-            )
+    options: dict[str, Any] = {
+        "delay": delay,
+        "priority": priority,
+        "max_attempts": max_attempts,
+        "expires": expires,
+    }
+    with ctx.errors():
+        if app_spec:
+            app = ctx.app(app_spec)
+            _check_task(app, app_spec, value)  # before the store opens
+            with app:
+                job_id = app.queue(queue_name).enqueue(value, **options)
+        else:
+            with ctx.open() as store:
+                job_id = store.queue(queue_name).enqueue(value, **options)
     click.echo(job_id)
+
+
+def _check_task(app: App, app_spec: str, payload: object) -> None:
+    """With ``--app``: refuse a task payload naming a task the app does not
+    have (its worker would dead-letter the job as unknown), or arguments
+    that do not fit the task's function."""
+    if not isinstance(payload, dict) or "task" not in payload:
+        return  # not meant as a task payload: a queue of the app's, used by hand
+    try:
+        call = parse_task_payload(payload)
+    except ValueError as exc:
+        _fail(str(exc))
+    task = app.tasks.get(call.name)
+    if task is None:
+        known = ", ".join(sorted(app.tasks)) or "none"
+        _fail(f"{app_spec} has no task {call.name!r} (its tasks: {known})")
+    task.check_call(call.args, call.kwargs)
 
 
 def _stats_table(rows: Sequence[tuple[str, QueueStats]]) -> str:
@@ -316,7 +426,7 @@ def stats(
     pending: due now; scheduled: due later (delayed or backing off);
     processing: claimed by a worker; dead: dead letters.
     """
-    with _errors():
+    with ctx.errors():
         stack, handles = _queues_of(ctx, queues, app_spec, migrate=False)
         with stack:
             if not watch:
@@ -363,7 +473,7 @@ def job(
     (SPEC §2), so the job is looked up in each queue named by --queue and
     --app, in order.
     """
-    with _errors():
+    with ctx.errors():
         stack, handles = _queues_of(ctx, queues, app_spec, migrate=False)
         with stack:
             found = next((j for q in handles if (j := q.get_job(job_id)) is not None), None)
@@ -394,7 +504,7 @@ def job(
 @click.pass_obj
 def migrate(ctx: _Context) -> None:
     """Create or upgrade the store's schema (idempotent)."""
-    with _errors(), ctx.open() as store:
+    with ctx.errors(), ctx.open() as store:
         store.migrate()
     click.echo("schema is up to date")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -254,3 +255,130 @@ def test_default_names_of_script_functions_follow_the_module_name(tmp_path: Path
     ).stdout
     assert out.split() == ["jobs.f", "jobs.C.m"]
     assert default_task_name(add) == f"{__name__}.add"
+
+
+PACKAGED_JOBS = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+
+    import alkstore
+
+    app = alkstore.App()
+    HERE = Path(__file__).parent
+
+    @app.task(queue="q")
+    def hello(name):
+        (HERE / f"hello-{name}").write_text(name)
+
+    if __name__ == "__main__":
+        print(hello.name)
+        with app:
+            hello.enqueue(sys.argv[1])
+    """
+)
+
+
+def test_a_script_run_by_path_inside_a_package_enqueues_what_the_worker_runs(
+    tmp_path: Path,
+) -> None:
+    """``python proj/jobs.py`` names its tasks ``proj.jobs.*``, as ``alkstore
+    worker proj.jobs:app`` imports them, so the worker runs its job."""
+    package = tmp_path / "proj"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "jobs.py").write_text(PACKAGED_JOBS)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
+    environ["ALKSTORE_URL"] = f"sqlite:///{tmp_path / 'jobs.db'}"
+
+    def run(*args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, *args],
+            check=False,
+            cwd=tmp_path,
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout + result.stderr
+
+    assert run("proj/jobs.py", "ada").split() == ["proj.jobs.hello"]
+    assert run("-m", "proj.jobs", "bob").split() == ["proj.jobs.hello"]
+    log = run("-m", "alkstore", "worker", "proj.jobs:app", "--burst")
+    assert log.count("(proj.jobs.hello) succeeded") == 2, log
+    assert (package / "hello-ada").read_text() == "ada"
+    assert (package / "hello-bob").read_text() == "bob"
+
+
+def test_default_names_of_scripts_walk_up_the_enclosing_packages(tmp_path: Path) -> None:
+    """Each enclosing folder with an ``__init__.py`` is a package; the walk
+    stops at the first without one (or whose name is no identifier)."""
+    code = "from alkstore._task import default_task_name\ndef f(): pass\n"
+    code += "print(default_task_name(f))\n"
+    layout = {
+        "top/a/b/jobs.py": "a.b.jobs.f",  # top has no __init__.py
+        "top/a/b/__init__.py": "a.b.f",
+        "top/a/plain/jobs.py": "jobs.f",  # plain has no __init__.py
+        "top/a/not-an-identifier/jobs.py": "jobs.f",
+        "loose.py": "loose.f",
+    }
+    for folder in ("top/a", "top/a/b", "top/a/not-an-identifier"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "top/a/plain").mkdir()
+    for script in layout:
+        path = tmp_path / script
+        path.write_text((path.read_text() if path.exists() else "") + code)
+    for script, expected in layout.items():
+        out = subprocess.run(
+            [sys.executable, script], cwd=tmp_path, capture_output=True, text=True, check=True
+        ).stdout
+        assert out.split() == [expected], script
+
+
+def test_enqueue_checks_the_call_against_the_function(app: App, url: str) -> None:
+    """A misspelled keyword, a missing argument or one too many is refused
+    at enqueue, naming it; nothing is stored."""
+    import sqlite3
+
+    task = app.task(add)
+    with pytest.raises(ValidationError, match=r"task '.*add'.*unexpected keyword.*'c'"):
+        task.enqueue(1, c=2)
+    with pytest.raises(ValidationError, match="missing a required argument: 'a'"):
+        task.enqueue()
+    with pytest.raises(ValidationError, match="too many positional"):
+        task.enqueue_many([(1, 2), (1, 2, 3)])
+    with pytest.raises(ValidationError, match=r"'dealy'.*options\(delay=\.\.\.\)"):
+        task.enqueue(1, dealy=5)
+    with pytest.raises(ValidationError, match="unexpected keyword"):
+        task.payload(1, b=2, priorty=3)
+
+    _ = app.store
+    conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None, timeout=30)
+    try:
+        conn.execute("BEGIN")
+        with pytest.raises(ValidationError, match=r"'max_attempt'.*options\(max_attempts="):
+            task.enqueue_tx(conn, 1, max_attempt=3)
+        assert conn.in_transaction  # the caller's transaction is untouched
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+    assert tuple(app.queue("default").stats()) == (0, 0, 0, 0)
+
+    # Still accepted: keywords the function has, **kwargs, unsigned builtins.
+    assert task.payload(1, b=2)["kwargs"] == {"b": 2}
+
+    @app.task(name="anything")
+    def anything(*args: object, **kwargs: object) -> None:
+        pass
+
+    assert anything.payload(1, delay=2)["kwargs"] == {"delay": 2}
+    assert app.task(name="printer")(print).payload("x", sep="-")["kwargs"] == {"sep": "-"}
+
+
+def test_a_misspelled_option_names_the_keyword(app: App) -> None:
+    task = app.task(add)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'dealy'"):
+        task.options(dealy=5)  # type: ignore[call-arg]

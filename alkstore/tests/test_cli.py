@@ -303,3 +303,152 @@ def test_redact_url_hides_passwords() -> None:
     assert redact_url("postgresql://u:secret@h/db") == "postgresql://u:***@h/db"
     assert redact_url("postgresql://u@h/db") == "postgresql://u@h/db"
     assert redact_url("sqlite:///x.db") == "sqlite:///x.db"
+
+
+# -- read-only commands never migrate ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("stats", "--app", "jobs:app"),
+        ("job", "1", "--app", "jobs:app"),
+        ("stats", "-q", "mail"),
+        ("job", "1", "-q", "mail"),
+    ],
+)
+def test_read_only_commands_never_create_a_database(project: Path, args: tuple[str, ...]) -> None:
+    """A mistyped --url: an error saying to migrate, and no file created,
+    with --app as without."""
+    line = one_line_error(command(project, "--url", "sqlite:///typo.db", *args))
+    assert "SchemaVersionError" in line
+    assert "alkstore migrate" in line
+    assert not (project / "typo.db").exists()
+
+
+def test_read_only_commands_do_not_migrate_an_apps_own_store(project: Path) -> None:
+    """``jobs:other`` names ``sqlite:///other.db`` (migrate=True by default)."""
+    (project / "strict.py").write_text(
+        "import alkstore\n"
+        "app = alkstore.App('sqlite:///strict.db', migrate=True)\n"
+        "app.task(queue='mail', name='t')(print)\n"
+    )
+    for spec in ("jobs:other", "strict:app"):
+        for args in (("stats",), ("job", "1")):
+            line = one_line_error(command(project, *args, "-q", "mail", "--app", spec))
+            assert "SchemaVersionError" in line
+    assert "jobs:other has no tasks" in one_line_error(
+        command(project, "stats", "--app", "jobs:other")
+    )
+    assert not (project / "other.db").exists()
+    assert not (project / "strict.db").exists()
+    # enqueue and worker still migrate, as the app says.
+    ok(command(project, "enqueue", "mail", "{}", "--app", "strict:app"))
+    assert ok(command(project, "stats", "--app", "strict:app")).splitlines()[1].split() == [
+        "mail",
+        "1",
+        "0",
+        "0",
+        "0",
+    ]
+
+
+# -- an app that cannot be loaded: one line ------------------------------------
+
+BROKEN_MODULES = {
+    "syntax": ("def f(:\n", "SyntaxError"),
+    "raises": ("raise RuntimeError('no config\\nsecond line')\n", "RuntimeError: no config"),
+    "badqueue": (
+        "import alkstore\napp = alkstore.App()\n@app.task(queue='bad name')\ndef f(): pass\n",
+        "ValidationError: queue name 'bad name'",
+    ),
+    "missingdep": ("import no_such_dependency\n", "No module named 'no_such_dependency'"),
+    "noapp": ("x = 1\n", "has no attribute 'app'"),
+    "notapp": ("app = 42\n", "it is a int, not an alkstore.App"),
+    "attrraises": (
+        "def __getattr__(name):\n    raise LookupError('lazy attribute failed')\n",
+        "LookupError: lazy attribute failed",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN_MODULES))
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("worker", "{spec}"),
+        ("stats", "--app", "{spec}"),
+        ("job", "1", "--app", "{spec}"),
+        ("enqueue", "mail", "1", "--app", "{spec}"),
+    ],
+)
+def test_an_app_that_cannot_be_loaded_is_one_line(
+    project: Path, url: str, name: str, args: tuple[str, ...]
+) -> None:
+    source, fragment = BROKEN_MODULES[name]
+    (project / f"broken_{name}.py").write_text(source)
+    spec = f"broken_{name}:app"
+    result = command(project, "--url", url, *(a.format(spec=spec) for a in args))
+    line = one_line_error(result)
+    assert f"cannot load the app {spec}" in line
+    assert fragment in line
+    assert "Traceback" not in result.stderr
+
+
+def test_debug_prints_the_traceback_first(project: Path) -> None:
+    (project / "broken.py").write_text("raise RuntimeError('at import')\n")
+    result = command(project, "--debug", "worker", "broken:app")
+    assert result.returncode == 1
+    assert "Traceback (most recent call last)" in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "Error: cannot load the app broken:app: importing 'broken' raised RuntimeError: at import"
+    )
+
+
+def test_worker_logging_configured_by_the_apps_module_wins(project: Path, url: str) -> None:
+    (project / "logged.py").write_text(
+        "import logging, sys\n"
+        "logging.basicConfig(level=logging.INFO, stream=sys.stderr, format='APPLOG %(message)s')\n"
+        "from jobs import app\n"
+    )
+    result = command(project, "--url", url, "worker", "logged:app", "--burst")
+    assert "APPLOG worker" in ok(result) + result.stderr
+
+
+# -- enqueue --app --------------------------------------------------------------
+
+
+def test_enqueue_with_an_app_checks_the_task(project: Path, url: str) -> None:
+    for payload, message in (
+        ('{"task": "sned", "args": ["x"]}', "jobs:app has no task 'sned' (its tasks: send, slow)"),
+        ('{"task": "send", "args": ["x", "y"]}', "too many positional arguments"),
+        ('{"task": "send", "kwargs": {"too": "x"}}', "task 'send' cannot be called"),
+        ('{"task": "send", "args": {}}', '"args" must be a list'),
+    ):
+        line = one_line_error(
+            command(project, "--url", url, "enqueue", "mail", payload, "--app", "jobs:app")
+        )
+        assert message in line
+    assert not (project / "jobs.db").exists()  # refused before the store opened
+    job_id = ok(
+        command(
+            project,
+            "--url",
+            url,
+            "enqueue",
+            "mail",
+            '{"task": "send", "args": ["x"]}',
+            "--app",
+            "jobs:app",
+        )
+    )
+    shown = json.loads(
+        ok(command(project, "--url", url, "job", job_id.strip(), "-q", "mail", "--json"))
+    )
+    assert shown["max_attempts"] == 3  # the task's queue options, not QueueOpts()
+    # Without --app: the defaults, unchecked.
+    job_id = ok(command(project, "--url", url, "enqueue", "mail", '{"task": "sned"}'))
+    shown = json.loads(
+        ok(command(project, "--url", url, "job", job_id.strip(), "-q", "mail", "--json"))
+    )
+    assert shown["max_attempts"] == 5

@@ -17,7 +17,16 @@ from typing import Any
 
 import pytest
 
-from alkstore import App, Fail, Retry, StoreClosedError, ValidationError, WorkerCounts
+from alkstore import (
+    App,
+    Fail,
+    JobHandle,
+    Retry,
+    StoreClosedError,
+    ValidationError,
+    Worker,
+    WorkerCounts,
+)
 from alkstore._heartbeat import HEARTBEAT_FRACTION, Heartbeater
 from alkstore._pool import DaemonPool
 from alkstore._signals import stop_signals
@@ -51,8 +60,17 @@ def test_fail_and_retry_carry_their_choices() -> None:
     assert Retry("x", delay=timedelta(minutes=1)).delay_s == 60
     with pytest.raises(ValidationError, match="delay"):
         Retry(delay=-1)
-    with pytest.raises(ValidationError, match="message"):
+    with pytest.raises(ValidationError, match="Retry's message must be a str, not int"):
         Retry(5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [123, b"bytes", ["list"], 1.5])
+def test_fail_checks_its_message_type_at_construction(bad: object) -> None:
+    with pytest.raises(
+        ValidationError, match=f"Fail's message must be a str or None, not {type(bad).__name__}"
+    ):
+        Fail(bad)  # type: ignore[arg-type]
+    assert isinstance(ValidationError("x"), ValueError)
 
 
 def test_describe_exception_puts_type_and_message_first() -> None:
@@ -379,3 +397,136 @@ def test_the_pool_runs_work_on_daemon_threads(caplog: pytest.LogCaptureFixture) 
     pool.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
         pool.submit(print)
+
+
+# -- a job's slot is always freed ---------------------------------------------
+
+
+class BurstRun:
+    """``worker.run(burst=True)`` on a thread, joined within bounds."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.counts: WorkerCounts | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.counts = self.worker.run(burst=True)
+
+    def join(self, timeout_s: float = 10) -> WorkerCounts:
+        self.thread.join(timeout_s)
+        if self.thread.is_alive():  # the fault: a leaked slot keeps burst running
+            running = self.worker.running
+            self.worker.stop()
+            self.thread.join(WAIT_S)
+            pytest.fail(f"burst run did not return; worker.running stayed {running}")
+        assert self.counts is not None
+        return self.counts
+
+
+def test_fail_with_a_bad_message_retries_the_job_and_frees_the_slot(app: App) -> None:
+    """``raise Fail(123)``: the ValidationError it raises is the handler's
+    exception, so the job is retried with backoff, and nothing leaks."""
+
+    @app.task(queue="q", name="bad_fail")
+    def bad_fail() -> None:
+        raise Fail(123)  # type: ignore[arg-type]
+
+    job_id = bad_fail.enqueue()
+    worker = app.worker(handle_signals=False, grace_period_s=60)
+    counts = BurstRun(worker).join()
+    assert counts == WorkerCounts(retried=1)
+    assert worker.running == 0
+    job = app.queue("q").get_job(job_id)
+    assert job is not None
+    assert (job.state, job.attempts) == ("pending", 1)
+    assert job.last_error is not None
+    assert job.last_error.startswith(
+        "alkstore.errors.ValidationError: Fail's message must be a str or None, not int\n"
+    )
+
+
+def _fail_with_int_message() -> None:
+    # Gets past Fail's own check: the worker must survive fail() refusing it.
+    exc = Fail("x")
+    exc.message = 123  # type: ignore[assignment]
+    raise exc
+
+
+def _ack_raises(self: JobHandle) -> bool:
+    raise RuntimeError("a bug in ack")
+
+
+@pytest.mark.parametrize("fault", ["fail-refuses-the-message", "ack-raises"])
+def test_an_outcome_that_cannot_be_recorded_is_lost_and_frees_the_slot(
+    app: App, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, fault: str
+) -> None:
+    """Recording the outcome raised: the error is logged, the job is left
+    claimed to lapse (``lost``), and the slot is freed, so a burst run
+    returns and a stop does not wait out the grace period."""
+    if fault == "ack-raises":
+        monkeypatch.setattr(JobHandle, "ack", _ack_raises)
+        handler = print
+    else:
+        handler = _fail_with_int_message
+    task = app.task(queue="q", name="t")(handler)
+    job_id = task.enqueue()
+    worker = app.worker(handle_signals=False, grace_period_s=60)
+    with caplog.at_level(logging.WARNING, logger="alkstore.worker"):
+        counts = BurstRun(worker).join()
+    assert counts == WorkerCounts(lost=1)
+    assert worker.running == 0
+    assert "recording the outcome of job" in caplog.text
+    left = app.queue("q").get_job(job_id)
+    assert left is not None
+    assert (left.state, left.attempts) == ("processing", 1)
+    lost = [r for r in caplog.records if getattr(r, "outcome", None) == "lost"]
+    assert len(lost) == 1
+
+
+def test_a_stop_does_not_wait_for_a_job_whose_outcome_was_lost(app: App) -> None:
+    app.task(queue="q", name="t")(_fail_with_int_message).enqueue()
+    worker = app.worker(handle_signals=False, grace_period_s=60, poll_interval_s=0.05)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    wait_until(lambda: worker.counts.lost == 1, "the outcome to be lost")
+    started = time.monotonic()
+    worker.stop()
+    thread.join(10)
+    try:
+        assert not thread.is_alive(), "stop() waited for a job that had already ended"
+        assert time.monotonic() - started < 10
+        assert worker.running == 0
+    finally:
+        worker.stop()
+
+
+def test_a_bug_while_logging_the_outcome_keeps_the_count(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a bug in _record")
+
+    monkeypatch.setattr(Worker, "_record", broken)
+    job_id = app.task(queue="q", name="t")(print).enqueue()
+    worker = app.worker(handle_signals=False)
+    assert BurstRun(worker).join() == WorkerCounts(succeeded=1)
+    assert worker.running == 0
+    assert app.queue("q").get_job(job_id) is None
+
+
+def test_a_job_that_cannot_be_started_frees_its_slot(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self: Heartbeater, handle: JobHandle) -> None:
+        raise RuntimeError("a bug in the heartbeater")
+
+    monkeypatch.setattr(Heartbeater, "add", broken)
+    job_id = app.task(queue="q", name="t")(print).enqueue()
+    worker = app.worker(handle_signals=False)
+    assert BurstRun(worker).join() == WorkerCounts(lost=1)
+    assert worker.running == 0
+    left = app.queue("q").get_job(job_id)
+    assert left is not None
+    assert left.state == "processing"  # left to lapse and be reclaimed

@@ -286,6 +286,53 @@ class WorkerTests(EngineHarness):
             assert dead.last_error is not None
             assert fragment in dead.last_error
 
+    def test_a_job_whose_outcome_cannot_be_recorded_is_left_to_lapse(
+        self, worker_apps: AppFactory, worker_clock: ManualClock, worker_log_dir: str
+    ) -> None:
+        """``Fail(123)`` is refused when raised, so its job is retried; an
+        outcome the store refuses to record (here ``fail(123)``, smuggled
+        past ``Fail``'s own check) is logged and counted ``lost``: the slot
+        is freed (the burst run returns), and the job, left claimed, lapses
+        and is reclaimed by the next worker."""
+        app = worker_apps(clock=worker_clock)
+        calls: list[str] = []
+
+        @app.task(queue=QUEUE, name="bad_fail")
+        def bad_fail() -> None:
+            raise Fail(123)  # type: ignore[arg-type]
+
+        @app.task(queue=QUEUE, name="unrecordable")
+        def unrecordable() -> None:
+            calls.append("run")
+            if len(calls) == 1:
+                exc = Fail("x")
+                exc.message = 123  # type: ignore[assignment]
+                raise exc
+
+        queue = app.queue(QUEUE)
+        retried_id = bad_fail.enqueue()
+        lost_id = unrecordable.enqueue()
+        worker = app.worker(handle_signals=False, grace_period_s=WAIT_S)
+        counts = RunningWorker(worker, burst=True).join(timeout_s=20)
+        assert counts == WorkerCounts(retried=1, lost=1)
+        assert worker.running == 0
+
+        retried = queue.get_job(retried_id)
+        assert retried is not None
+        assert (retried.state, retried.attempts) == ("pending", 1)
+        assert retried.last_error is not None
+        assert "Fail's message must be a str or None, not int" in retried.last_error
+        left = queue.get_job(lost_id)
+        assert left is not None
+        assert (left.state, left.attempts, left.last_error) == ("processing", 1, None)
+
+        worker_clock.advance(30)  # the unrecorded claim lapses
+        queue.cancel(retried_id)
+        again = app.worker(handle_signals=False).run(burst=True)
+        assert again == WorkerCounts(succeeded=1)
+        assert calls == ["run", "run"]
+        assert queue.get_job(lost_id) is None
+
     def test_task_payload_and_per_job_options(
         self, worker_apps: AppFactory, worker_clock: ManualClock, worker_log_dir: str
     ) -> None:
