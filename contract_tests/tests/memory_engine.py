@@ -55,6 +55,7 @@ class MemoryStore(Store):
         check_engine_options(options)
         super().__init__(clock=options.get("clock"), rng=options.get("rng"))
         self.db = _database(url)
+        self.subscriptions: set[MemorySubscription] = set()
         migrate = options.get("migrate", True)
         check_schema_version(1 if self.db.migrated else None, 1, migrating=migrate)
         if migrate:
@@ -64,13 +65,16 @@ class MemoryStore(Store):
         return MemoryQueue(self, name, opts)
 
     def _open_subscription(self, queue_name: str) -> Subscription:
-        return MemorySubscription(self, queue_name)
+        subscription = MemorySubscription(self, queue_name)
+        self.subscriptions.add(subscription)
+        return subscription
 
     def _migrate(self) -> None:
         self.db.migrated = True
 
     def _close(self) -> None:
-        pass
+        for subscription in list(self.subscriptions):
+            subscription.close()
 
 
 class MemorySubscription(Subscription):
@@ -87,6 +91,7 @@ class MemorySubscription(Subscription):
     def _close(self) -> None:
         with self._db.lock:
             self._db.latches[self.queue_name].remove(self._latch)
+        self._latch.set()  # release a blocked wait, which then sees the close
 
 
 class MemoryQueue(Queue):
