@@ -10,9 +10,13 @@ One run is four kinds of threads:
   ``claim_batch``, then waits for a wake, a free slot or the re-poll interval;
 - one listener thread per queue turns ``Subscription.wait`` wakes into a flag
   the loop waits on (a subscription waits on one queue; the loop on all);
-- ``concurrency`` daemon threads run the handlers and record each outcome;
-- one heartbeat thread keeps running jobs' claims alive
-  (:mod:`alkstore._heartbeat`).
+- ``concurrency`` daemon threads run the handlers and record each retry or
+  failure; a job whose handler returned is handed to the completer;
+- one completer thread acks finished jobs in batches, one ``ack_batch`` per
+  queue per flush, and logs and counts their outcomes
+  (:mod:`alkstore._completer`, decision W14);
+- one heartbeat thread keeps the claims of running jobs, and of finished jobs
+  waiting for their ack, alive (:mod:`alkstore._heartbeat`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from alkstore import _validation as v
+from alkstore._completer import Completer
 from alkstore._handle import JobHandle
 from alkstore._heartbeat import Beat, Heartbeater
 from alkstore._outcome import Fail, Retry
@@ -69,9 +74,28 @@ DEFAULT_SWEEP_INTERVAL_S = 60.0
 _LISTEN_SLICE_S = 0.5
 #: Seconds to wait before retrying after the database failed in the loop.
 _ERROR_PAUSE_S = 1.0
+#: The completer acks at most this many jobs in one ``ack_batch`` ...
+_ACK_BATCH = 100
+#: ... and flushes at the latest this long after the first of them finished.
+_ACK_DELAY_S = 0.005
+#: Handler threads wait while this many finished jobs wait for their ack.
+_ACK_BACKLOG = 1000
+#: At exit, ``run()`` waits at most this long for the last acks to be flushed
+#: (after a second signal, :data:`_ACK_ABORT_TIMEOUT_S`).
+_ACK_CLOSE_TIMEOUT_S = 60.0
+_ACK_ABORT_TIMEOUT_S = 1.0
 
 #: How a job ended, as logged and counted.
 Outcome = Literal["succeeded", "retried", "dead", "lost"]
+
+
+class _Finished(NamedTuple):
+    """A job whose handler returned, waiting in the completer for its ack."""
+
+    handle: JobHandle
+    task_name: str
+    duration_s: float
+    beat: Beat
 
 
 class WorkerCounts(NamedTuple):
@@ -80,7 +104,8 @@ class WorkerCounts(NamedTuple):
     Attributes
     ----------
     succeeded
-        The handler returned and the job was acked.
+        The handler returned and the job was acked (counted when the
+        completer's batch ack took effect, W14).
     retried
         The handler raised and the job went back to pending (backoff or
         ``Retry(delay=...)``).
@@ -132,7 +157,10 @@ class Worker:
     visibility timeout. Its outcome (SPEC §3 "Claim identity and handle
     validity"):
 
-    - the handler returns: ``ack()``;
+    - the handler returns: acked by the completer thread, in a batch with
+      the other jobs that finished within a few milliseconds (one
+      ``Queue.ack_batch`` per queue; the job stays claimed and heartbeaten
+      until then);
     - it raises :class:`Fail`: ``fail(message)``, dead at once;
     - it raises :class:`Retry`: ``retry(message, delay)``;
     - it raises anything else: ``retry(error)`` with the queue's backoff,
@@ -147,7 +175,8 @@ class Worker:
 
     Stopping (:meth:`stop`, or the first SIGTERM/SIGINT when :meth:`run` is
     called from the main thread): claim nothing more, let running jobs finish
-    within ``grace_period_s``, then return. A second signal ends the grace
+    within ``grace_period_s``, ack the finished jobs still waiting for their
+    batch, then return. A second signal ends the grace
     period at once. Jobs still running then stop being heartbeaten: their
     claims lapse and another worker reclaims them, so nothing is lost
     (at-least-once).
@@ -231,6 +260,14 @@ class Worker:
         self._counts: dict[Outcome, int] = dict.fromkeys(WorkerCounts._fields, 0)  # type: ignore[arg-type]
         self._tasks: dict[str, Task[Any, Any]] = {}
         self._heartbeater = Heartbeater(f"alkstore-heartbeat-{self._worker_id}")
+        self._queues_by_name: dict[str, Queue] = {}
+        self._completer: Completer[_Finished] = Completer(
+            self._flush_acks,
+            f"alkstore-completer-{self._worker_id}",
+            max_batch=_ACK_BATCH,
+            max_delay_s=_ACK_DELAY_S,
+            max_backlog=_ACK_BACKLOG,
+        )
 
     def __repr__(self) -> str:
         return (
@@ -325,6 +362,7 @@ class Worker:
                 raise RuntimeError("a Worker runs once; make another with app.worker()")
             self._started = True
         queues = [self._app.queue(name) for name in self._queue_names]
+        self._queues_by_name = {queue.name: queue for queue in queues}
         self._tasks = dict(self._app.tasks)
         subscriptions: list[Subscription] = []
         try:
@@ -349,6 +387,7 @@ class Worker:
             ", burst" if burst else "",
         )
         self._heartbeater.start()
+        self._completer.start()
         try:
             with stop_signals(self._on_signal, install=self._handle_signals):
                 for thread in listeners:
@@ -358,7 +397,9 @@ class Worker:
                     self._loop(queues, pool, burst)
                 finally:
                     self._drain()
+                    self._close_completer()
         finally:
+            self._close_completer()  # idempotent; here if the block above raised
             self._heartbeater.stop()
             pool.shutdown()
             self.stop()
@@ -482,6 +523,21 @@ class Worker:
                 ", ".join(map(str, left)),
             )
 
+    def _close_completer(self) -> None:
+        """Flush the acks still held back; the heartbeats keep their claims
+        alive meanwhile. Handlers that finish later (past the grace period)
+        ack on their own."""
+        with self._cond:
+            timeout_s = _ACK_ABORT_TIMEOUT_S if self._aborting else _ACK_CLOSE_TIMEOUT_S
+        if not self._completer.close(timeout_s):
+            log.warning(
+                "worker %s exits with the acks of %d finished job(s) still being "
+                "flushed; a job whose ack does not take effect is reclaimed once "
+                "its claim lapses",
+                self._worker_id,
+                self._completer.waiting,
+            )
+
     # -- one job -------------------------------------------------------------
     #
     # Whatever goes wrong around a job (recording its outcome raised, the
@@ -509,16 +565,18 @@ class Worker:
                 self._heartbeater.remove(beat)
             self._finish(token, "lost")
 
-    def _finish(self, token: int, outcome: Outcome) -> None:
-        """Free a job's slot and count its outcome."""
+    def _finish(self, token: int, outcome: Outcome | None) -> None:
+        """Free a job's slot and count its outcome (``None``: handed to the
+        completer, which counts it once its ack is known)."""
         with self._cond:
             self._running.pop(token, None)
-            self._counts[outcome] += 1
+            if outcome is not None:
+                self._counts[outcome] += 1
             self._woken = True
             self._cond.notify_all()
 
     def _execute(self, token: int, handle: JobHandle, beat: Beat) -> None:
-        outcome: Outcome = "lost"
+        outcome: Outcome | None = "lost"
         try:
             outcome = self._run_job(handle, beat)
         except BaseException:
@@ -528,11 +586,13 @@ class Worker:
                 handle.queue,
             )
         finally:
-            self._heartbeater.remove(beat)
+            if outcome is not None:  # else the completer owns the beat now
+                self._heartbeater.remove(beat)
             self._finish(token, outcome)
 
-    def _run_job(self, handle: JobHandle, beat: Beat) -> Outcome:
-        """Run one job's handler and record its outcome; return it."""
+    def _run_job(self, handle: JobHandle, beat: Beat) -> Outcome | None:
+        """Run one job's handler and record its outcome; return it, or
+        ``None`` when the job succeeded and was handed to the completer."""
         started = time.monotonic()
         task_name = "?"
         action: Literal["ack", "retry", "fail"] = "ack"
@@ -568,6 +628,8 @@ class Worker:
                 except BaseException as exc:
                     action, error, exc_info = "retry", describe_exception(exc), exc
         duration_s = time.monotonic() - started
+        if action == "ack" and self._completer.add(_Finished(handle, task_name, duration_s, beat)):
+            return None  # still heartbeaten until the completer's flush
         self._heartbeater.remove(beat)
         try:
             if action == "ack":
@@ -614,12 +676,107 @@ class Worker:
             log.exception("logging the outcome of job %s of %r failed", handle.id, handle.queue)
         return outcome
 
+    def _flush_acks(self, batch: list[_Finished]) -> None:
+        """The completer's flush: one ``ack_batch`` per queue, then each job's
+        outcome logged and counted."""
+        by_queue: dict[str, list[_Finished]] = {}
+        for item in batch:
+            by_queue.setdefault(item.handle.queue, []).append(item)
+        for name, items in by_queue.items():
+            try:
+                self._ack_queue_batch(name, items)
+            finally:
+                for item in items:
+                    self._heartbeater.remove(item.beat)
+
+    def _ack_queue_batch(self, name: str, items: list[_Finished]) -> None:
+        ids = [item.handle.id for item in items]
+        for item in items:
+            # A beat refused from now on is the ack's doing, not a lost claim.
+            item.beat.done = True
+        acked: int | None
+        try:
+            queue = self._queues_by_name.get(name) or self._app.queue(name)
+            acked = queue.ack_batch(ids)
+        except StoreClosedError:
+            log.warning(
+                "the store closed before %d finished job(s) of %r were acked; "
+                "their claims are left to lapse",
+                len(ids),
+                name,
+            )
+            queue, acked = None, None
+        except Exception:
+            log.exception(
+                "acking %d finished job(s) of %r failed; their claims are left to lapse",
+                len(ids),
+                name,
+            )
+            queue, acked = None, None
+        log.debug(
+            "acked %d of %d finished job(s) of %r in one ack_batch",
+            acked or 0,
+            len(ids),
+            name,
+            extra={"queue": name, "acked": acked or 0, "batch": len(ids)},
+        )
+        with self._cond:  # exact, whichever jobs the count covers
+            self._counts["succeeded"] += acked or 0
+            self._counts["lost"] += len(ids) - (acked or 0)
+        outcomes = self._ack_outcomes(queue, items, acked)
+        for item, outcome in zip(items, outcomes, strict=True):
+            try:
+                self._record(
+                    handle=item.handle,
+                    task_name=item.task_name,
+                    outcome=outcome,
+                    action="ack",
+                    error=None,
+                    duration_s=item.duration_s,
+                    exc_info=None,
+                )
+            except Exception:
+                log.exception("logging the outcome of job %s of %r failed", item.handle.id, name)
+
+    def _ack_outcomes(
+        self, queue: Queue | None, items: list[_Finished], acked: int | None
+    ) -> list[str]:
+        """Which of a batch's jobs the ``ack_batch`` acked, as each one's
+        logged outcome: ``ack_batch`` only says how many (SPEC §3)."""
+        if acked is None or queue is None:
+            return ["lost"] * len(items)
+        if acked == len(items):
+            return ["succeeded"] * len(items)
+        # Some were not acked. A job still in the store was not (its claim
+        # lapsed, or it was swept); one that is gone was acked by this batch
+        # unless it was removed before it (cancelled, or reclaimed, run and
+        # acked elsewhere): the count tells which, unless both kinds are gone.
+        outcomes: list[str] = []
+        gone: list[int] = []
+        for index, item in enumerate(items):
+            try:
+                present = queue.get_job(item.handle.id) is not None
+            except Exception:
+                present = False  # unknown: counted with the gone ones
+            outcomes.append("lost" if present else "")
+            if not present:
+                gone.append(index)
+        if acked == len(gone):
+            unresolved = "succeeded"
+        elif acked == 0:
+            unresolved = "lost"
+        else:
+            unresolved = "unknown"
+        for index in gone:
+            outcomes[index] = unresolved
+        return outcomes
+
     def _record(
         self,
         *,
         handle: JobHandle,
         task_name: str,
-        outcome: Outcome,
+        outcome: str,
         action: str,
         error: object,
         duration_s: float,
@@ -643,6 +800,14 @@ class Worker:
         first_line = ("" if error is None else str(error)).split("\n", 1)[0]
         if outcome == "succeeded":
             log.info("%s", where, extra=extra)
+        elif outcome == "unknown":
+            log.warning(
+                "%s; the batch that acked it acked only some of its jobs, and this one "
+                "is gone from the store: acked by it, or removed just before (cancelled, "
+                "or reclaimed and acked elsewhere)",
+                where,
+                extra=extra,
+            )
         elif outcome == "lost":
             log.warning(
                 "%s; its outcome (%s) was not recorded: the claim was no longer this "

@@ -21,12 +21,15 @@ from alkstore import (
     App,
     Fail,
     JobHandle,
+    Queue,
     Retry,
     StoreClosedError,
     ValidationError,
     Worker,
     WorkerCounts,
+    _worker,
 )
+from alkstore._completer import Completer
 from alkstore._heartbeat import HEARTBEAT_FRACTION, Heartbeater
 from alkstore._pool import DaemonPool
 from alkstore._signals import stop_signals
@@ -454,19 +457,19 @@ def _fail_with_int_message() -> None:
     raise exc
 
 
-def _ack_raises(self: JobHandle) -> bool:
-    raise RuntimeError("a bug in ack")
+def _ack_batch_raises(self: Queue, job_ids: object) -> int:
+    raise RuntimeError("a bug in ack_batch")
 
 
-@pytest.mark.parametrize("fault", ["fail-refuses-the-message", "ack-raises"])
+@pytest.mark.parametrize("fault", ["fail-refuses-the-message", "ack-batch-raises"])
 def test_an_outcome_that_cannot_be_recorded_is_lost_and_frees_the_slot(
     app: App, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, fault: str
 ) -> None:
     """Recording the outcome raised: the error is logged, the job is left
     claimed to lapse (``lost``), and the slot is freed, so a burst run
     returns and a stop does not wait out the grace period."""
-    if fault == "ack-raises":
-        monkeypatch.setattr(JobHandle, "ack", _ack_raises)
+    if fault == "ack-batch-raises":  # the completer's flush (W14)
+        monkeypatch.setattr(Queue, "ack_batch", _ack_batch_raises)
         handler = print
     else:
         handler = _fail_with_int_message
@@ -477,7 +480,10 @@ def test_an_outcome_that_cannot_be_recorded_is_lost_and_frees_the_slot(
         counts = BurstRun(worker).join()
     assert counts == WorkerCounts(lost=1)
     assert worker.running == 0
-    assert "recording the outcome of job" in caplog.text
+    if fault == "ack-batch-raises":
+        assert "acking 1 finished job(s) of 'q' failed" in caplog.text
+    else:
+        assert "recording the outcome of job" in caplog.text
     left = app.queue("q").get_job(job_id)
     assert left is not None
     assert (left.state, left.attempts) == ("processing", 1)
@@ -530,3 +536,256 @@ def test_a_job_that_cannot_be_started_frees_its_slot(
     left = app.queue("q").get_job(job_id)
     assert left is not None
     assert left.state == "processing"  # left to lapse and be reclaimed
+
+
+# -- the completer: batched acks (W14) -----------------------------------------
+
+
+def _flushes(caplog: pytest.LogCaptureFixture) -> list[tuple[int, int]]:
+    """``(acked, batch)`` of each completer flush logged at DEBUG."""
+    return [
+        (r.acked, r.batch)  # type: ignore[attr-defined]
+        for r in caplog.records
+        if hasattr(r, "acked") and hasattr(r, "batch")
+    ]
+
+
+def test_the_completer_flushes_a_full_batch_at_once() -> None:
+    calls: list[list[int]] = []
+    completer: Completer[int] = Completer(calls.append, "c", max_batch=3, max_delay_s=3600)
+    completer.start()
+    for item in range(7):
+        assert completer.add(item)
+    wait_until(lambda: len(calls) == 2, "two full batches")
+    assert calls == [[0, 1, 2], [3, 4, 5]]
+    assert completer.waiting == 1  # item 6 waits for its delay
+    assert completer.close(WAIT_S)
+    assert calls[2] == [6]
+    assert not completer.add(8)  # closed: the caller acks it itself
+    assert completer.waiting == 0
+
+
+def test_the_completer_flushes_a_partial_batch_after_its_delay() -> None:
+    calls: list[tuple[float, list[int]]] = []
+    completer: Completer[int] = Completer(
+        lambda items: calls.append((time.monotonic(), items)), "c", max_delay_s=0.1
+    )
+    completer.start()
+    added = time.monotonic()
+    completer.add(1)
+    completer.add(2)
+    wait_until(lambda: calls, "the delayed flush")
+    flushed_at, items = calls[0]
+    assert items == [1, 2]
+    assert flushed_at - added >= 0.09
+    assert completer.close(WAIT_S)
+
+
+def test_closing_the_completer_flushes_everything_waiting() -> None:
+    calls: list[list[int]] = []
+    completer: Completer[int] = Completer(calls.append, "c", max_batch=2, max_delay_s=3600)
+    completer.start()
+    for item in range(5):
+        completer.add(item)
+    assert completer.close(WAIT_S)
+    assert [item for batch in calls for item in batch] == [0, 1, 2, 3, 4]
+    assert all(len(batch) <= 2 for batch in calls)
+    never_started: Completer[int] = Completer(calls.append, "c2", max_delay_s=3600)
+    never_started.add(9)
+    assert never_started.close()
+    assert calls[-1] == [9]
+
+
+def test_a_failing_flush_does_not_end_the_completer(caplog: pytest.LogCaptureFixture) -> None:
+    calls: list[list[int]] = []
+
+    def flush(items: list[int]) -> None:
+        calls.append(items)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in flush")
+
+    completer: Completer[int] = Completer(flush, "c", max_batch=1, max_delay_s=0)
+    completer.start()
+    with caplog.at_level(logging.ERROR, logger="alkstore.worker"):
+        completer.add(1)
+        wait_until(lambda: len(calls) == 1, "the first flush")
+        completer.add(2)
+        assert completer.close(WAIT_S)
+    assert calls == [[1], [2]]
+    assert "acking a batch of 1 finished job(s) failed" in caplog.text
+
+
+def test_a_full_backlog_holds_handlers_back() -> None:
+    release = threading.Event()
+    flushing = threading.Event()
+    calls: list[list[int]] = []
+
+    def flush(items: list[int]) -> None:
+        flushing.set()
+        release.wait(WAIT_S)
+        calls.append(items)
+
+    completer: Completer[int] = Completer(flush, "c", max_batch=2, max_delay_s=0, max_backlog=2)
+    completer.start()
+    completer.add(0)
+    assert flushing.wait(WAIT_S)
+    completer.add(1)
+    completer.add(2)  # the backlog (2) is full now
+    added = threading.Event()
+    adder = threading.Thread(target=lambda: (completer.add(3), added.set()), daemon=True)
+    adder.start()
+    assert not added.wait(0.2)
+    release.set()
+    assert added.wait(WAIT_S)
+    assert completer.close(WAIT_S)
+    assert [item for batch in calls for item in batch] == [0, 1, 2, 3]
+
+
+def test_many_jobs_are_acked_exactly_once_in_batches(
+    app: App, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(_worker, "_ACK_DELAY_S", 0.2)  # batches made certain
+    ran: list[int] = []
+
+    @app.task(queue="q", name="note")
+    def note(n: int) -> None:
+        ran.append(n)
+
+    n = 300
+    ids = note.enqueue_many([[i] for i in range(n)])
+    worker = app.worker(concurrency=4, handle_signals=False)
+    with caplog.at_level(logging.DEBUG, logger="alkstore.worker"):
+        counts = BurstRun(worker).join(WAIT_S)
+    assert counts == WorkerCounts(succeeded=n)
+    assert sorted(ran) == list(range(n))
+    stats = app.queue("q").stats()
+    assert (stats.pending, stats.processing, stats.dead) == (0, 0, 0)
+    assert all(app.queue("q").get_job(job_id) is None for job_id in ids[:5])
+    succeeded = [r.job_id for r in caplog.records if getattr(r, "outcome", None) == "succeeded"]  # type: ignore[attr-defined]
+    assert sorted(succeeded) == sorted(ids)  # one record per job, at flush time
+    flushes = _flushes(caplog)
+    assert sum(acked for acked, _ in flushes) == n
+    assert all(acked == batch <= 100 for acked, batch in flushes)
+    assert len(flushes) <= n // 2, f"acks were not batched: {flushes}"
+
+
+def test_a_stop_flushes_pending_acks_before_run_returns(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_worker, "_ACK_DELAY_S", 3600)  # only the stop flushes
+    ran = threading.Event()
+
+    @app.task(queue="q", name="t")
+    def t() -> None:
+        ran.set()
+
+    job_id = t.enqueue()
+    worker = app.worker(handle_signals=False, poll_interval_s=0.05)
+    result: list[WorkerCounts] = []
+    thread = threading.Thread(target=lambda: result.append(worker.run()), daemon=True)
+    thread.start()
+    try:
+        assert ran.wait(WAIT_S)
+        wait_until(lambda: worker.running == 0, "the handler to finish")
+        job = app.queue("q").get_job(job_id)
+        assert job is not None
+        assert job.state == "processing"
+        assert worker.counts == WorkerCounts()  # counted once acked
+        started = time.monotonic()
+        worker.stop()
+        thread.join(WAIT_S)
+        assert not thread.is_alive()
+        assert time.monotonic() - started < 10
+    finally:
+        worker.stop()
+    assert result == [WorkerCounts(succeeded=1)]
+    assert app.queue("q").get_job(job_id) is None  # gone as run() returns
+
+
+def test_a_burst_run_flushes_its_acks_before_it_returns(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_worker, "_ACK_DELAY_S", 3600)
+    task = app.task(queue="q", name="t")(print)
+    task.enqueue_many([["x"]] * 20)
+    assert app.worker(concurrency=4, handle_signals=False).run(burst=True) == WorkerCounts(
+        succeeded=20
+    )
+    assert app.queue("q").stats().processing == 0
+
+
+def test_a_failed_flush_leaves_the_jobs_claimed_to_lapse_and_run_again(
+    app: App, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At-least-once: the handler finished but the batch ack failed; the
+    job stays claimed, no longer heartbeaten, lapses and is reclaimed."""
+    ran: list[str] = []
+
+    @app.task(queue="q", name="t", visibility_timeout_s=0.5)
+    def t(label: str) -> None:
+        ran.append(label)
+
+    job_ids = t.enqueue_many([["a"], ["b"]])
+    with monkeypatch.context() as patch:
+        patch.setattr(Queue, "ack_batch", _ack_batch_raises)
+        with caplog.at_level(logging.WARNING, logger="alkstore.worker"):
+            counts = app.worker(concurrency=2, handle_signals=False).run(burst=True)
+    assert counts == WorkerCounts(lost=2)
+    assert "finished job(s) of 'q' failed; their claims are left to lapse" in caplog.text
+    lost = [r.job_id for r in caplog.records if getattr(r, "outcome", None) == "lost"]  # type: ignore[attr-defined]
+    assert sorted(lost) == sorted(job_ids)
+    for job_id in job_ids:
+        job = app.queue("q").get_job(job_id)
+        assert job is not None
+        assert (job.state, job.attempts) == ("processing", 1)
+    time.sleep(0.6)  # the claims lapse
+    again = app.worker(concurrency=2, handle_signals=False).run(burst=True)
+    assert again == WorkerCounts(succeeded=2)
+    assert sorted(ran) == ["a", "a", "b", "b"]
+    assert app.queue("q").stats().processing == 0
+
+
+def test_a_batch_ack_short_of_a_job_removed_meanwhile_counts_exactly(
+    app: App, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job cancelled while it ran is gone before the flush, so the batch
+    acks one job fewer: the counts follow ``ack_batch``'s count, and the
+    jobs of that batch that are gone are logged ``unknown``, since which one
+    the batch acked cannot be told."""
+    monkeypatch.setattr(_worker, "_ACK_DELAY_S", 0.5)  # both in one batch
+    cancelled = threading.Event()
+
+    @app.task(queue="q", name="victim")
+    def victim() -> None:
+        assert cancelled.wait(WAIT_S)
+
+    @app.task(queue="q", name="canceller")
+    def canceller(job_id: int) -> None:
+        assert app.queue("q").cancel(job_id)
+        cancelled.set()
+
+    victim_id = victim.enqueue()
+    canceller_id = canceller.enqueue(victim_id)
+    with caplog.at_level(logging.DEBUG, logger="alkstore.worker"):
+        counts = app.worker(concurrency=2, handle_signals=False).run(burst=True)
+    assert counts == WorkerCounts(succeeded=1, lost=1)
+    assert _flushes(caplog) == [(1, 2)]
+    outcomes = {r.job_id: r.outcome for r in caplog.records if hasattr(r, "outcome")}  # type: ignore[attr-defined]
+    assert outcomes == {victim_id: "unknown", canceller_id: "unknown"}
+    assert app.queue("q").stats().processing == 0
+
+
+def test_a_lone_job_removed_meanwhile_is_lost(app: App, caplog: pytest.LogCaptureFixture) -> None:
+    own: list[int] = []
+
+    @app.task(queue="q", name="self_cancel")
+    def self_cancel() -> None:
+        assert app.queue("q").cancel(own[0])
+
+    job_id = self_cancel.enqueue()
+    own.append(job_id)
+    with caplog.at_level(logging.INFO, logger="alkstore.worker"):
+        counts = app.worker(handle_signals=False).run(burst=True)
+    assert counts == WorkerCounts(lost=1)
+    outcomes = {r.job_id: r.outcome for r in caplog.records if hasattr(r, "outcome")}  # type: ignore[attr-defined]
+    assert outcomes == {job_id: "lost"}
