@@ -36,6 +36,8 @@ T = TypeVar("T")
 
 _SQLITE_BUSY = 5
 _SQLITE_LOCKED = 6
+_SQLITE_READONLY = 8
+_SQLITE_CANTOPEN = 14
 # Pauses between retries of an operation that came back busy without
 # SQLite's own busy handler having waited (seconds).
 _RETRY_FIRST_S = 0.001
@@ -53,9 +55,37 @@ def is_busy(error: sqlite3.Error) -> bool:
     return isinstance(error, sqlite3.OperationalError) and "locked" in str(error)
 
 
-def engine_error(error: sqlite3.Error) -> EngineError:
-    """Wrap a driver error; raise the result ``from error``."""
+def engine_error(error: sqlite3.Error, path: str | None = None) -> EngineError:
+    """Wrap a driver error; raise the result ``from error``.
+
+    Parameters
+    ----------
+    path
+        The database file the error came from: errors about opening or
+        writing the file itself name it, with the likely cause.
+    """
+    code = getattr(error, "sqlite_errorcode", None)
+    primary = None if code is None else code & 0xFF
+    if path is not None and primary in (_SQLITE_CANTOPEN, _SQLITE_READONLY):
+        return EngineError(f"SQLite error: {error}: {path!r} ({_file_problem(path)})")
     return EngineError(f"SQLite error: {error}")
+
+
+def _file_problem(path: str) -> str:
+    """Why SQLite may be unable to open or write ``path``, for a message."""
+    directory = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        return "it is a directory; give the path of a database file"
+    if not os.path.isdir(directory):
+        return f"the directory {directory!r} does not exist; alkstore does not create directories"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return (
+            f"the directory {directory!r} is not writable; SQLite creates the database "
+            "and its -wal and -shm files beside each other"
+        )
+    if os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
+        return "the file is not readable and writable by this process"
+    return "check that the path names a database file in a writable directory"
 
 
 #: The ``synchronous`` engine option's values (SQLite's PRAGMA of that name).
@@ -175,12 +205,12 @@ class ConnectionPool:
             try:
                 conn = self._acquire()
             except sqlite3.Error as error:
-                raise engine_error(error) from error
+                raise engine_error(error, self.path) from error
             try:
                 return op(conn, *args, **kwargs)
             except sqlite3.Error as error:
                 if not is_busy(error) or time.monotonic() >= deadline:
-                    raise engine_error(error) from error
+                    raise engine_error(error, self.path) from error
             finally:
                 self._release(conn)
             time.sleep(pause)

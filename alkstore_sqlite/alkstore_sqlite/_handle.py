@@ -17,12 +17,20 @@ __all__ = ["SqliteJobHandle"]
 # The claim is this handle's while the row is processing, has the attempt
 # count this claim gave it, and has not lapsed; every operation tests it in
 # the same statement that acts, so no other claim can slip in between.
-_VALID = "id = :id AND state = 'processing' AND attempts = :attempts AND claim_deadline > :now"
+# The row holds a claim in private state 'processing', or 'lapsed' or
+# 'expired' (set aside when found lapsed or expired), which is still valid if
+# an injected clock moved back before its deadline: the deadline decides.
+# (NOT IN with two values costs two comparisons; IN with three, a temporary
+# table per statement.)
+_VALID = (
+    "id = :id AND state NOT IN ('pending', 'scheduled') "
+    "AND attempts = :attempts AND claim_deadline > :now"
+)
 
 _ACK = f"DELETE FROM _alkstore_jobs WHERE {_VALID}"
 _RETRY = f"""
     UPDATE _alkstore_jobs
-    SET state = 'pending', run_at = :run_at, last_error = :error,
+    SET state = :state, run_at = :run_at, last_error = :error,
         worker_id = NULL, claim_deadline = NULL
     WHERE {_VALID}
 """
@@ -57,7 +65,9 @@ class SqliteJobHandle(JobHandle):
 
     def _retry(self, error: str, delay_s: float) -> bool:
         params = self._params(error=error)
-        params["run_at"] = params["now"] + seconds_to_us(delay_s)
+        run_at = params["run_at"] = params["now"] + seconds_to_us(delay_s)
+        # Out of the claim's walk until due (see _schema).
+        params["state"] = "scheduled" if run_at > params["now"] else "pending"
         return self._write(_RETRY, params)
 
     def _dead_letter(self, error: str) -> bool:

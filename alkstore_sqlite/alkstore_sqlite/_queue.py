@@ -40,35 +40,80 @@ _INSERT = """
         queue, state, payload, content_type, priority, run_at, expires_at,
         enqueued_at, attempts, max_attempts, visibility_timeout_s,
         backoff_base_s, backoff_cap_s)
-    VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?)
 """
 
-# The claim's dead-letter step; the predicate matches the
-# _alkstore_jobs_exhausted index, so it costs an index probe when nothing is
-# due to die.
-_EXHAUSTED = (
-    "queue = :queue AND state = 'processing' AND attempts >= max_attempts "
-    "AND claim_deadline <= :now"
-)
+# -- the claim ---------------------------------------------------------------
+#
+# The claim walks two partial indexes in claim order (priority DESC, run_at,
+# id) and stops after n rows: 'pending' (due jobs) and 'lapsed' (reclaimable
+# claims). Rows that are not claimable now live elsewhere ('scheduled',
+# 'processing', 'expired'; see _schema), so the walk does not pass over
+# them, however many there are. Time moves rows between those states without
+# any write, so before the walk the claim moves the rows whose status
+# changed since the last claim; the read-only look below tells, with one
+# index probe per kind of move, whether there is any. Each row is moved once
+# per change, so the moves cost O(1) per job over its life, and a claim
+# with nothing to move costs the same however many rows wait.
+
+#: Scheduled rows that came due.
+_CAME_DUE = "queue = :queue AND state = 'scheduled' AND run_at <= :now"
+#: Claims that lapsed.
+_LAPSED = "queue = :queue AND state = 'processing' AND claim_deadline <= :now"
+#: Claimable rows that expired: they stay pending (or processing) until
+#: sweep_expired moves them, but no claim may hand them out.
+_NEWLY_EXPIRED = "queue = :queue AND state IN ('pending', 'lapsed') AND expires_at <= :now"
+#: Rows set aside as expired that are not (an injected clock moved back).
+_NOT_EXPIRED = "queue = :queue AND state = 'expired' AND expires_at > :now"
+
+#: Lapsed claims with attempts exhausted, which the claim dead-letters first.
+_EXHAUSTED = f"{_LAPSED} AND attempts >= max_attempts"
 _BURY_EXHAUSTED = bury_sql(_EXHAUSTED)
 _DELETE_EXHAUSTED = f"DELETE FROM _alkstore_jobs WHERE {_EXHAUSTED}"
 
-_DUE = (
-    "queue = :queue AND state = 'pending' AND run_at <= :now "
-    "AND (expires_at IS NULL OR expires_at > :now)"
+_MOVES = (
+    # Expired already? Then straight past 'pending'.
+    f"""UPDATE _alkstore_jobs SET state = iif(expires_at <= :now, 'expired', 'pending')
+        WHERE {_CAME_DUE}""",
+    # After the exhausted ones moved to the dead table: attempts remain.
+    f"""UPDATE _alkstore_jobs SET state = iif(expires_at <= :now, 'expired', 'lapsed')
+        WHERE {_LAPSED}""",
+    f"UPDATE _alkstore_jobs SET state = 'expired' WHERE {_NEWLY_EXPIRED}",
+    f"""UPDATE _alkstore_jobs SET state = CASE
+            WHEN claim_deadline IS NULL THEN iif(run_at > :now, 'scheduled', 'pending')
+            WHEN claim_deadline > :now THEN 'processing'
+            ELSE 'lapsed' END
+        WHERE {_NOT_EXPIRED}""",
 )
+
+# Each state's rows are claimable but for an instant that an injected clock
+# moved backwards, so the walks still check every instant.
+_NOT_EXPIRED_NOW = "(expires_at IS NULL OR expires_at > :now)"
+_DUE = f"queue = :queue AND state = 'pending' AND run_at <= :now AND {_NOT_EXPIRED_NOW}"
 _RECLAIMABLE = (
-    "queue = :queue AND state = 'processing' AND claim_deadline <= :now "
-    "AND attempts < max_attempts AND (expires_at IS NULL OR expires_at > :now)"
+    "queue = :queue AND state = 'lapsed' AND claim_deadline <= :now "
+    f"AND attempts < max_attempts AND {_NOT_EXPIRED_NOW}"
 )
+
+#: What :data:`LOOK` answers.
+NOTHING, DUE, RECLAIMABLE, BOTH, MOVES = 0, 1, 2, 3, 4
+
 # A claim first looks in a read snapshot, which takes no lock: an empty poll
 # never queues for the write lock, and a claim never waits behind another
 # connection's open write transaction only to find nothing. The answer also
-# picks the cheapest statement that can do the claim.
+# picks the cheapest statement that can do the claim. The probes for moves
+# come first and short-circuit, so the walks only run when nothing needs
+# moving, and then stop at their first row.
 LOOK = f"""
-    SELECT EXISTS (SELECT 1 FROM _alkstore_jobs WHERE {_DUE}),
-           EXISTS (SELECT 1 FROM _alkstore_jobs WHERE {_RECLAIMABLE}),
-           EXISTS (SELECT 1 FROM _alkstore_jobs WHERE {_EXHAUSTED})
+    SELECT CASE
+        WHEN EXISTS (SELECT 1 FROM _alkstore_jobs WHERE {_CAME_DUE})
+          OR EXISTS (SELECT 1 FROM _alkstore_jobs WHERE {_LAPSED})
+          OR EXISTS (SELECT 1 FROM _alkstore_jobs WHERE {_NEWLY_EXPIRED})
+          OR EXISTS (SELECT 1 FROM _alkstore_jobs WHERE {_NOT_EXPIRED})
+        THEN {MOVES}
+        ELSE EXISTS (SELECT 1 FROM _alkstore_jobs WHERE {_DUE})
+             + 2 * EXISTS (SELECT 1 FROM _alkstore_jobs WHERE {_RECLAIMABLE})
+    END
 """
 
 _CLAIM_SET = """
@@ -103,10 +148,10 @@ CLAIM_DUE_ONE = f"""
         LIMIT 1)
     RETURNING {LIVE_COLUMNS}
 """
-#: When lapsed claims are eligible too: each branch stops after n rows (the
-#: pending one in index order, the reclaim one sorting only lapsed claims)
-#: and the outer sort merges at most 2n rows. Its temporary sorters cost
-#: more than the plain walk, so it runs only when a reclaim is possible.
+#: When lapsed claims are eligible too: each branch walks its own index in
+#: claim order and stops after n rows, and the outer sort merges at most 2n
+#: rows. Its temporary sorter costs more than the plain walk, so it runs
+#: only when a reclaim is possible.
 CLAIM_ANY = f"""
     {_CLAIM_SET}
     WHERE id IN (
@@ -126,11 +171,12 @@ CLAIM_ANY = f"""
 """
 
 # NOT INDEXED keeps the planner on rowid lookups for the listed ids instead
-# of walking the processing index.
+# of walking the processing index. The validity test is the handle's
+# (_handle._VALID) without the attempt count.
 _ACK_BATCH = """
     DELETE FROM _alkstore_jobs NOT INDEXED
     WHERE id IN (SELECT value FROM json_each(?))
-      AND queue = ? AND state = 'processing' AND claim_deadline > ?
+      AND queue = ? AND state NOT IN ('pending', 'scheduled') AND claim_deadline > ?
 """
 _CANCEL = "DELETE FROM _alkstore_jobs WHERE id = ? AND queue = ?"
 _GET_JOB = f"""
@@ -138,19 +184,44 @@ _GET_JOB = f"""
     UNION ALL
     SELECT {DEAD_COLUMNS} FROM _alkstore_dead WHERE id = :id AND queue = :queue
 """
-_EXPIRED = "queue = :queue AND expires_at <= :now"
+# Every state, so that the expiry index answers with one range per state.
+_EXPIRED = (
+    "queue = :queue AND expires_at <= :now AND state IN "
+    "('pending', 'scheduled', 'processing', 'lapsed', 'expired')"
+)
 _BURY_EXPIRED = bury_sql(_EXPIRED)
 _DELETE_EXPIRED = f"DELETE FROM _alkstore_jobs WHERE {_EXPIRED}"
 _PURGE = "DELETE FROM _alkstore_dead WHERE queue = ? AND died_at <= ?"
-# One statement reads one snapshot, so the four counts agree.
+# One statement reads one snapshot, so the four counts agree. The public
+# counts go by the instants, whatever the private state says (an injected
+# clock may have moved back since it was set); each term counts one state
+# through its own index (every 'expired' row has an expires_at, which lets
+# the expiry index serve it).
 _STATS = """
     SELECT
         (SELECT count(*) FROM _alkstore_jobs
-         WHERE queue = :queue AND state = 'pending' AND run_at <= :now),
+         WHERE queue = :queue AND state = 'pending' AND run_at <= :now)
+        + (SELECT count(*) FROM _alkstore_jobs
+           WHERE queue = :queue AND state = 'scheduled' AND run_at <= :now)
+        + (SELECT count(*) FROM _alkstore_jobs
+           WHERE queue = :queue AND state = 'expired' AND expires_at IS NOT NULL
+             AND claim_deadline IS NULL
+             AND run_at <= :now),
         (SELECT count(*) FROM _alkstore_jobs
-         WHERE queue = :queue AND state = 'pending' AND run_at > :now),
+         WHERE queue = :queue AND state = 'pending' AND run_at > :now)
+        + (SELECT count(*) FROM _alkstore_jobs
+           WHERE queue = :queue AND state = 'scheduled' AND run_at > :now)
+        + (SELECT count(*) FROM _alkstore_jobs
+           WHERE queue = :queue AND state = 'expired' AND expires_at IS NOT NULL
+             AND claim_deadline IS NULL
+             AND run_at > :now),
         (SELECT count(*) FROM _alkstore_jobs
-         WHERE queue = :queue AND state = 'processing'),
+         WHERE queue = :queue AND state = 'processing')
+        + (SELECT count(*) FROM _alkstore_jobs
+           WHERE queue = :queue AND state = 'lapsed')
+        + (SELECT count(*) FROM _alkstore_jobs
+           WHERE queue = :queue AND state = 'expired' AND expires_at IS NOT NULL
+             AND claim_deadline IS NOT NULL),
         (SELECT count(*) FROM _alkstore_dead WHERE queue = :queue)
 """
 
@@ -178,6 +249,8 @@ class SqliteQueue(Queue):
         expires_at = resolved.expires_at
         return (
             self._name,
+            # The claim's walk never sees a row that is not due yet.
+            "scheduled" if resolved.run_at > resolved.enqueued_at else "pending",
             payload.data,
             payload.content_type,
             resolved.priority,
@@ -196,7 +269,7 @@ class SqliteQueue(Queue):
             ids = [pool.run(_insert_one, self._row(resolved, payloads[0]))]
         else:
             first = self._row(resolved, payloads[0])
-            rows = [(first[0], p.data, p.content_type, *first[3:]) for p in payloads]
+            rows = [(*first[:2], p.data, p.content_type, *first[4:]) for p in payloads]
             ids = pool.transaction(_insert_many, rows)
         # With the last id, so the file watcher recognises the commit as
         # delivered when it sees the same rows.
@@ -313,24 +386,28 @@ def _insert_many(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> list[
 
 
 def _claim_rows(conn: sqlite3.Connection, params: dict[str, Any]) -> list[Any]:
-    due, reclaimable, exhausted = conn.execute(LOOK, params).fetchone()
+    found = conn.execute(LOOK, params).fetchone()[0]
     rows: list[Any]
-    if exhausted:
-        # The dead-letter move and the claim share one write transaction.
-        rows = run_in_transaction(conn, _bury_and_claim, params)
-    elif reclaimable:
-        rows = conn.execute(CLAIM_ANY, params).fetchall()
-    elif due:
+    if found == MOVES:
+        # The moves (and the dead-letter step) and the claim share one write
+        # transaction.
+        rows = run_in_transaction(conn, _move_and_claim, params)
+    elif found == DUE:
         sql = CLAIM_DUE_ONE if params["n"] == 1 else CLAIM_DUE
         rows = conn.execute(sql, params).fetchall()
+    elif found in (RECLAIMABLE, BOTH):
+        rows = conn.execute(CLAIM_ANY, params).fetchall()
     else:
+        assert found == NOTHING
         rows = []
     return rows
 
 
-def _bury_and_claim(conn: sqlite3.Connection, params: dict[str, Any]) -> list[Any]:
+def _move_and_claim(conn: sqlite3.Connection, params: dict[str, Any]) -> list[Any]:
     if conn.execute(_BURY_EXHAUSTED, params).rowcount:
         conn.execute(_DELETE_EXHAUSTED, params)
+    for sql in _MOVES:
+        conn.execute(sql, params)
     rows: list[Any] = conn.execute(CLAIM_ANY, params).fetchall()
     return rows
 

@@ -29,6 +29,16 @@ __all__ = [
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = 1_000_000
 
+#: The public state of each engine-private state of a live row
+#: (:mod:`alkstore_sqlite._schema`); dead rows say ``'dead'``.
+_PUBLIC_STATE = {
+    "pending": "pending",
+    "scheduled": "pending",
+    "processing": "processing",
+    "lapsed": "processing",
+    "dead": "dead",
+}
+
 #: The columns :func:`job_from_row` reads, from the live table.
 LIVE_COLUMNS = (
     "id, queue, state, payload, content_type, priority, run_at, expires_at, "
@@ -121,12 +131,16 @@ def jobs_from_rows(rows: Sequence[Sequence[Any]]) -> list[Job]:
             last_error,
             died_at,
         ) = row
+        public = _PUBLIC_STATE.get(state)
+        if public is None:
+            # 'expired': waiting for sweep_expired, with or without a claim.
+            public = "pending" if claim_deadline is None else "processing"
         jobs.append(
             job_from_values(
                 (
                     job_id,
                     queue,
-                    state,
+                    public,
                     payload,
                     content_type,
                     priority,

@@ -5,15 +5,45 @@ Tables carry the ``_alkstore_`` prefix so they cannot collide with the
 application's own tables in the same file:
 
 ``_alkstore_jobs``
-    Live rows (``pending`` or ``processing``). ``INTEGER PRIMARY KEY
-    AUTOINCREMENT``, so an id is never handed out twice, not even after the
-    row with the largest id was deleted; ids grow in commit order, which
-    the cross-process wake detector (:mod:`alkstore_sqlite._wake`) relies
-    on instead of a table written by every enqueue.
+    Live rows. ``INTEGER PRIMARY KEY AUTOINCREMENT``, so an id is never
+    handed out twice, not even after the row with the largest id was
+    deleted; ids grow in commit order, which the cross-process wake detector
+    (:mod:`alkstore_sqlite._wake`) relies on instead of a table written by
+    every enqueue.
 ``_alkstore_dead``
     Dead letters, keyed by the job's own id.
 ``_alkstore_meta``
     ``schema_version``.
+
+A live row's ``state`` is engine-private and finer than the public one
+(SPEC's ``pending``/``processing``). Each value keeps the row in the one
+partial index the claim needs to find it in, so that a claim never walks
+rows it cannot hand out:
+
+=============  ==========  ===================================================
+state          public      meaning
+=============  ==========  ===================================================
+``pending``    pending     due (``run_at <= now`` when it was set): the claim
+                           walks these in claim order
+``scheduled``  pending     ``run_at`` was in the future when it was set
+``processing`` processing  a claim that had not lapsed when it was set
+``lapsed``     processing  a claim found lapsed, attempts left: reclaimable,
+                           walked in claim order like ``pending``
+``expired``    (see note)  found expired while ``pending`` or ``lapsed``:
+                           waits for ``sweep_expired``, never claimed
+=============  ==========  ===================================================
+
+An ``expired`` row is publicly ``processing`` if it holds a claim
+(``claim_deadline`` set) and ``pending`` otherwise. ``enqueue`` and
+``retry`` choose ``pending`` or ``scheduled``; the claim
+(:mod:`alkstore_sqlite._queue`) moves rows whose time-dependent status has
+changed since (``scheduled`` that came due, ``processing`` that lapsed,
+``pending``/``lapsed`` that expired, and back when an injected clock moved
+backwards) before it walks, so each row pays for each move once. Every
+statement still checks the instants themselves (``run_at <= now``,
+``claim_deadline <= now``, expiry): the state says where to look, never
+what is true, so a clock that moves backwards costs at most some skipped
+rows, never a wrong answer.
 
 Migrations run inside one ``BEGIN IMMEDIATE`` transaction, which SQLite
 serialises across processes: when several processes open a new file at once,
@@ -23,18 +53,21 @@ one creates the schema and the others find it done.
 from __future__ import annotations
 
 import sqlite3
+import time
 
 from alkstore.engine import check_schema_version
 
 __all__ = ["SCHEMA_VERSION", "migrate", "read_version"]
 
 #: The newest schema version this code knows.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _VERSION_KEY = "schema_version"
 
 # Each entry upgrades from the version before it; entry ``i`` makes
 # version ``i + 1``. Never edit a released entry: append a new one.
+# Statements may use the parameter ``:now`` (microseconds since the epoch,
+# from the store's clock).
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
         """
@@ -107,6 +140,100 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # Retention purge and the dead count.
         "CREATE INDEX _alkstore_dead_died ON _alkstore_dead (queue, died_at)",
     ),
+    # Version 2: the engine-private states (module docstring), so that the
+    # claim's cost does not grow with future, lapsed or expired rows. SQLite
+    # cannot widen a CHECK constraint in place, so the table is rebuilt
+    # (SQLite's documented procedure) inside the migration's transaction:
+    # one copy of every live row, once. Pending rows whose run_at is still
+    # ahead of the store's clock become 'scheduled'; lapsed claims and
+    # expired rows are moved by the first claim, as any that appear later.
+    # The new table keeps the filter columns in front and the payload last,
+    # so reading a row's state and instants never reads its payload's
+    # overflow pages. The CHECK says OR, not IN: with more than two values,
+    # IN builds a temporary table for every row written.
+    (
+        """
+        CREATE TABLE _alkstore_jobs_v2 (
+            id                   INTEGER PRIMARY KEY AUTOINCREMENT,
+            queue                TEXT    NOT NULL,
+            state                TEXT    NOT NULL CHECK (
+                state = 'pending' OR state = 'scheduled' OR state = 'processing'
+                OR state = 'lapsed' OR state = 'expired'),
+            priority             INTEGER NOT NULL,
+            run_at               INTEGER NOT NULL,
+            expires_at           INTEGER,
+            claim_deadline       INTEGER,
+            attempts             INTEGER NOT NULL,
+            max_attempts         INTEGER NOT NULL,
+            visibility_timeout_s REAL    NOT NULL,
+            backoff_base_s       INTEGER NOT NULL,
+            backoff_cap_s        INTEGER NOT NULL,
+            enqueued_at          INTEGER NOT NULL,
+            worker_id            TEXT,
+            content_type         TEXT    NOT NULL,
+            last_error           TEXT,
+            payload              BLOB    NOT NULL
+        )
+        """,
+        """
+        INSERT INTO _alkstore_jobs_v2 (
+            id, queue, state, priority, run_at, expires_at, claim_deadline,
+            attempts, max_attempts, visibility_timeout_s, backoff_base_s,
+            backoff_cap_s, enqueued_at, worker_id, content_type, last_error,
+            payload)
+        SELECT id, queue,
+               CASE WHEN state = 'pending' AND run_at > :now THEN 'scheduled' ELSE state END,
+               priority, run_at, expires_at, claim_deadline, attempts, max_attempts,
+               visibility_timeout_s, backoff_base_s, backoff_cap_s, enqueued_at,
+               worker_id, content_type, last_error, payload
+        FROM _alkstore_jobs ORDER BY id
+        """,
+        # AUTOINCREMENT's high-water mark moves with the table: the copy set
+        # the new table's to its largest id, the old one may be higher (the
+        # newest job was acked). DROP TABLE forgets a table's entry and
+        # RENAME carries it over.
+        "DELETE FROM sqlite_sequence WHERE name = '_alkstore_jobs_v2'",
+        "UPDATE sqlite_sequence SET name = '_alkstore_jobs_v2' WHERE name = '_alkstore_jobs'",
+        "DROP TABLE _alkstore_jobs",
+        # Legacy mode: the rename leaves the application's views on
+        # _alkstore_jobs alone (they name the table the rename brings back)
+        # instead of failing on them. migrate() turns it off again.
+        "PRAGMA legacy_alter_table = ON",
+        "ALTER TABLE _alkstore_jobs_v2 RENAME TO _alkstore_jobs",
+        "PRAGMA legacy_alter_table = OFF",
+        # The claim walks these two in claim order and stops after n rows;
+        # every row in them is claimable but for an instant that moved
+        # backwards.
+        """
+        CREATE INDEX _alkstore_jobs_pending
+            ON _alkstore_jobs (queue, priority DESC, run_at, id)
+            WHERE state = 'pending'
+        """,
+        """
+        CREATE INDEX _alkstore_jobs_lapsed
+            ON _alkstore_jobs (queue, priority DESC, run_at, id)
+            WHERE state = 'lapsed'
+        """,
+        # Future rows, in the order they come due.
+        """
+        CREATE INDEX _alkstore_jobs_scheduled
+            ON _alkstore_jobs (queue, run_at)
+            WHERE state = 'scheduled'
+        """,
+        # Live claims, in the order they lapse.
+        """
+        CREATE INDEX _alkstore_jobs_processing
+            ON _alkstore_jobs (queue, claim_deadline)
+            WHERE state = 'processing'
+        """,
+        # Rows that can expire, per state: the claim finds the newly expired
+        # pending and lapsed rows, sweep_expired every expired row.
+        """
+        CREATE INDEX _alkstore_jobs_expiry
+            ON _alkstore_jobs (queue, state, expires_at)
+            WHERE expires_at IS NOT NULL
+        """,
+    ),
 )
 
 assert len(_MIGRATIONS) == SCHEMA_VERSION
@@ -134,9 +261,15 @@ def read_version(conn: sqlite3.Connection) -> int | None:
     return None if row is None else int(row[0])
 
 
-def migrate(conn: sqlite3.Connection) -> None:
+def migrate(conn: sqlite3.Connection, now: int | None = None) -> None:
     """Bring the schema to :data:`SCHEMA_VERSION`; run inside ``BEGIN
     IMMEDIATE``.
+
+    Parameters
+    ----------
+    now
+        The store's clock, microseconds since the epoch (default: the system
+        clock); migrations that sort rows by time use it.
 
     Raises
     ------
@@ -147,9 +280,14 @@ def migrate(conn: sqlite3.Connection) -> None:
     found = read_version(conn)
     check_schema_version(found, SCHEMA_VERSION, migrating=True)
     current = found or 0
-    for statements in _MIGRATIONS[current:]:
-        for statement in statements:
-            conn.execute(statement)
+    params = {"now": time.time_ns() // 1000 if now is None else now}
+    try:
+        for statements in _MIGRATIONS[current:]:
+            for statement in statements:
+                conn.execute(statement, params)
+    finally:
+        # Also after a failure: the connection goes back to the pool.
+        conn.execute("PRAGMA legacy_alter_table = OFF")
     if current < SCHEMA_VERSION:
         conn.execute(
             "INSERT INTO _alkstore_meta (key, value) VALUES (?, ?) "

@@ -9,10 +9,11 @@ from typing import Any
 
 from alkstore import QueueOpts, Store
 from alkstore.engine import check_engine_options, check_schema_version, duration_s
-from alkstore.errors import ValidationError
+from alkstore.errors import SchemaVersionError, ValidationError
 from alkstore_sqlite import _schema
 from alkstore_sqlite._connection import SYNCHRONOUS, ConnectionPool
 from alkstore_sqlite._queue import SqliteQueue
+from alkstore_sqlite._rows import to_us
 from alkstore_sqlite._subscription import SqliteSubscription
 from alkstore_sqlite._url import parse_url
 
@@ -54,8 +55,9 @@ class SqliteStore(Store):
         before it fails with :class:`~alkstore.errors.EngineError`
         (default 30).
     poll_interval_s
-        Seconds between two polls of the cross-process wake detector
-        (default 0.001).
+        Seconds between two polls of the cross-process wake detector while
+        commits are coming (default 0.001); when the file is quiet it waits
+        for inotify, or without inotify backs off to 50 ms.
     synchronous
         ``"full"`` (default): each commit is on disk before the call
         returns, so nothing committed is lost even to a power cut;
@@ -67,7 +69,7 @@ class SqliteStore(Store):
     ValidationError
         For a bad option.
     SchemaVersionError
-        If the schema is newer than this code, or missing with
+        If the schema is newer than this code, or missing or older with
         ``migrate=False`` (SPEC §3 "Schema").
     EngineError
         If the database cannot be opened.
@@ -109,6 +111,13 @@ class SqliteStore(Store):
             else:
                 found = self._pool.run(_schema.read_version)
                 check_schema_version(found, _schema.SCHEMA_VERSION, migrating=False)
+                if found is not None and found < _schema.SCHEMA_VERSION:
+                    # This code's statements need the current schema.
+                    raise SchemaVersionError(
+                        f"the database schema is version {found}, older than this "
+                        f"code's {_schema.SCHEMA_VERSION}; open it with migrate=True "
+                        "or run `alkstore migrate`"
+                    )
         except BaseException:
             self._closed = True
             self._pool.close()
@@ -138,7 +147,7 @@ class SqliteStore(Store):
             self._subscriptions.discard(subscription)
 
     def _migrate(self) -> None:
-        self._pool.transaction(_schema.migrate)
+        self._pool.transaction(_schema.migrate, to_us(self._now()))
 
     def _close(self) -> None:
         with self._subscriptions_lock:

@@ -17,7 +17,10 @@ nobody. Nothing extra is written per enqueue. Two paths deliver the wake:
   and then every ``poll_interval_s`` for a short while, because the write
   event comes a moment before the commit becomes visible; with no writes it
   sleeps, looking only every quarter second as a safety net. Without
-  inotify it polls every ``poll_interval_s``.
+  inotify it polls: every ``poll_interval_s`` while commits keep coming,
+  backing off (doubling the pause up to 50 ms) once the file has been quiet
+  for a moment, so an idle poller costs little and the first wake after a
+  quiet spell arrives within one backed-off pause.
 
 A queue's subscriptions are woken when a job id above the highest one
 already delivered for it shows up, so the commit that :func:`notify`
@@ -49,6 +52,9 @@ _RECONNECT_PAUSE_S = 0.1
 _ACTIVE_WINDOW_S = 0.02
 # ... and how often to look without any event, in case one was missed.
 _SAFETY_POLL_S = 0.25
+# Without inotify: the longest pause between two looks once the file has
+# been quiet for _ACTIVE_WINDOW_S (seconds); the pause doubles up to it.
+_IDLE_POLL_MAX_S = 0.05
 
 #: The largest job id ever committed (0 before the first): a subscription's
 #: starting point.
@@ -85,6 +91,10 @@ class FileWatch:
         self._rescan = False
         self._stopping = False
         self._events: FileEvents | None = None
+        # Without inotify: ends the polling pause early (stop, new subscriber).
+        self._interrupt = threading.Event()
+        # Without inotify: the current pause between two looks (seconds).
+        self.pause_s = poll_interval_s
         self._thread = threading.Thread(
             target=self._run, name=f"alkstore-sqlite-watch {path}", daemon=True
         )
@@ -101,8 +111,7 @@ class FileWatch:
                 # this queue was subscribed may be news for it.
                 self.looked_up_to = latest_id
                 self._rescan = True
-                if self._events is not None:
-                    self._events.interrupt()
+                self._wake_thread()
 
     def remove(self, queue: str, latch: WakeLatch) -> bool:
         """Drop a latch; return whether no subscription is left."""
@@ -139,11 +148,15 @@ class FileWatch:
         self._events = watch_file(self.path + "-wal")
         self._thread.start()
 
+    def _wake_thread(self) -> None:
+        if self._events is not None:
+            self._events.interrupt()
+        self._interrupt.set()
+
     def stop(self) -> None:
         """Ask the thread to end and wait for it (it closes its connection)."""
         self._stopping = True
-        if self._events is not None:
-            self._events.interrupt()
+        self._wake_thread()
         if self._thread.ident is not None and self._thread is not threading.current_thread():
             self._thread.join()
             # Only now: closing while the thread waits could let it read a
@@ -151,11 +164,23 @@ class FileWatch:
             if self._events is not None:
                 self._events.close()
 
-    def _pause(self, active_until: float) -> float:
-        """Wait for the next look; return the new end of the active window."""
+    def _pause(self, active_until: float, changed: bool) -> float:
+        """Wait for the next look; return the new end of the active window.
+
+        ``changed``: whether the last look found a commit.
+        """
         events = self._events
         if events is None:
-            time.sleep(self.poll_interval_s)
+            now = time.monotonic()
+            if changed:
+                active_until = now + _ACTIVE_WINDOW_S
+            if now < active_until:
+                self.pause_s = self.poll_interval_s
+            else:
+                ceiling = max(self.poll_interval_s, _IDLE_POLL_MAX_S)
+                self.pause_s = min(self.pause_s * 2, ceiling)
+            self._interrupt.wait(self.pause_s)
+            self._interrupt.clear()
             return active_until
         quiet = time.monotonic() >= active_until
         if events.wait(_SAFETY_POLL_S if quiet else self.poll_interval_s):
@@ -173,7 +198,8 @@ class FileWatch:
                         conn = connect(self.path, self.busy_timeout_s)
                         last_version = None
                     version = conn.execute("PRAGMA data_version").fetchone()[0]
-                    if version != last_version or self._rescan:
+                    changed = version != last_version
+                    if changed or self._rescan:
                         last_version = version
                         self._scan(conn)
                 except sqlite3.Error:
@@ -188,7 +214,7 @@ class FileWatch:
                     self.wake_all()
                     time.sleep(_RECONNECT_PAUSE_S)
                     continue
-                active_until = self._pause(active_until)
+                active_until = self._pause(active_until, changed)
         finally:
             if conn is not None:
                 conn.close()

@@ -97,37 +97,3 @@ def churn(url: str, worker: str, jobs: int) -> int:
             if handle is not None and handle.ack():
                 acked += 1
     return acked
-
-
-def after_fork(store: Any, path: str) -> tuple[int, bool]:
-    """In a forked child: use the inherited store, and listen on a new one
-    whose wakes come from another connection's commit."""
-    import sqlite3
-
-    from alkstore_sqlite import SqliteStore
-
-    job_id = store.queue("q").enqueue("from the child")
-    with SqliteStore(path) as own:
-        sub = own.listen("q")
-        conn = sqlite3.connect(path, isolation_level=None)
-        try:
-            conn.execute("BEGIN")
-            own.queue("q").enqueue_tx(conn, "tx")
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
-        return job_id, sub.wait(CHILD_TIMEOUT_S)
-
-
-def run_forked(target: Callable[..., Any], *args: Any) -> Any:
-    """Run ``target(*args)`` in a forked child; return its result."""
-    ctx = multiprocessing.get_context("fork")
-    results = ctx.Queue()
-    process = ctx.Process(target=_report, args=(results, 0, target, args))
-    process.start()
-    try:
-        _, ok, value = results.get(timeout=CHILD_TIMEOUT_S)
-    finally:
-        process.join(CHILD_TIMEOUT_S)
-    assert ok, value
-    return value

@@ -3,6 +3,7 @@ atomic under injected faults (handed case 011)."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -11,10 +12,12 @@ from pathlib import Path
 import pytest
 from harness import SqliteHarness
 
+import alkstore
 from alkstore import QueueOpts
 from alkstore.errors import EngineError
 from alkstore_contract_tests import ManualClock, StoreTarget
 from alkstore_sqlite import SqliteStore
+from alkstore_sqlite._connection import engine_error
 
 
 @pytest.fixture
@@ -114,3 +117,67 @@ def test_unopenable_file_is_an_engine_error(tmp_path: Path) -> None:
     with pytest.raises(EngineError) as caught:
         SqliteStore(str(tmp_path / "missing-dir" / "x.db"))
     assert isinstance(caught.value.__cause__, sqlite3.Error)
+
+
+def _open_error(path: Path) -> str:
+    with pytest.raises(EngineError) as caught:
+        alkstore.open(f"sqlite:///{path}")
+    assert isinstance(caught.value.__cause__, sqlite3.OperationalError)
+    return str(caught.value)
+
+
+def test_a_missing_directory_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "missing-dir" / "x.db"
+    message = _open_error(path)
+    assert "unable to open database file" in message
+    assert repr(str(path)) in message
+    assert f"the directory {str(tmp_path / 'missing-dir')!r} does not exist" in message
+
+
+def test_a_directory_given_as_the_path_is_named(tmp_path: Path) -> None:
+    message = _open_error(tmp_path)
+    assert repr(str(tmp_path)) in message
+    assert "it is a directory" in message
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only directories")
+@pytest.mark.parametrize("exists", [False, True])
+def test_a_read_only_directory_is_named(tmp_path: Path, exists: bool) -> None:
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    path = directory / "x.db"
+    if exists:
+        alkstore.open(f"sqlite:///{path}").close()
+        for extra in directory.glob("x.db-*"):
+            extra.unlink()
+    directory.chmod(0o555)
+    try:
+        message = _open_error(path)
+    finally:
+        directory.chmod(0o755)
+    assert repr(str(path)) in message
+    assert f"the directory {str(directory)!r} is not writable" in message
+
+
+def test_open_errors_say_what_is_wrong(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The diagnosis itself, also where a test cannot make a directory
+    read-only (as root)."""
+    directory = tmp_path / "d"
+    directory.mkdir()
+    path = str(directory / "x.db")
+    cantopen = sqlite3.OperationalError("unable to open database file")
+    cantopen.sqlite_errorcode = 14  # type: ignore[attr-defined]
+    readonly = sqlite3.OperationalError("attempt to write a readonly database")
+    readonly.sqlite_errorcode = 8 | (6 << 8)  # type: ignore[attr-defined]
+    monkeypatch.setattr(os, "access", lambda p, mode: p != str(directory))
+    for error in (cantopen, readonly):
+        message = str(engine_error(error, path))
+        assert message.startswith(f"SQLite error: {error}: {path!r} (")
+        assert "is not writable" in message
+    monkeypatch.setattr(os, "access", lambda p, mode: p != path)
+    (directory / "x.db").write_bytes(b"")
+    assert "the file is not readable and writable" in str(engine_error(readonly, path))
+    # Other errors do not blame the file.
+    locked = sqlite3.OperationalError("database is locked")
+    locked.sqlite_errorcode = 5  # type: ignore[attr-defined]
+    assert str(engine_error(locked, path)) == "SQLite error: database is locked"

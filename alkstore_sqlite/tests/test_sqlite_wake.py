@@ -153,12 +153,22 @@ def test_one_watcher_per_file_stopped_with_the_last_subscription(
 
 def test_store_close_closes_its_subscriptions(store: SqliteStore) -> None:
     sub = store.listen("q")
-    woken: list[bool] = []
-    waiter = threading.Thread(target=lambda: woken.append(sub.wait(30)))
+    outcome: list[object] = []
+
+    def wait() -> None:
+        try:
+            outcome.append(sub.wait(30))
+        except StoreClosedError as error:
+            outcome.append(error)
+
+    waiter = threading.Thread(target=wait)
     waiter.start()
     store.close()
     waiter.join(10)
     assert not waiter.is_alive()
+    # The blocked wait is released with the closed state (SPEC §3 "Closed
+    # store"), not a wake.
+    assert [type(o) for o in outcome] == [StoreClosedError]
     assert _watchers() == []
     with pytest.raises(StoreClosedError):
         sub.wait(0)
@@ -214,6 +224,41 @@ def test_without_inotify_the_watcher_polls(
         assert sub.wait(5)
 
 
+def _until(condition: Callable[[], bool], timeout_s: float = 5) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def test_without_inotify_an_idle_watcher_backs_off(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_wake, "watch_file", lambda path: None)
+    with store.listen("q") as sub:
+        (watch,) = _wake._registry.watches.values()
+        # Quiet: the pause doubles up to the ceiling ...
+        assert _until(lambda: watch.pause_s == _wake._IDLE_POLL_MAX_S)
+        # ... a commit is still found, and the poller speeds up again.
+        _enqueue_elsewhere(store, "q")
+        assert sub.wait(5)
+        assert _until(lambda: watch.pause_s == store._poll_interval_s)
+        # Busy: commits more often than the active window keep it fast.
+        for _ in range(5):
+            time.sleep(_wake._ACTIVE_WINDOW_S / 4)
+            _write_elsewhere(store)
+            assert watch.pause_s < _wake._IDLE_POLL_MAX_S
+        assert _until(lambda: watch.pause_s == _wake._IDLE_POLL_MAX_S)
+        # Closing does not wait out a long pause.
+        monkeypatch.setattr(_wake, "_IDLE_POLL_MAX_S", 60.0)
+        assert _until(lambda: watch.pause_s > 1)
+        began = time.monotonic()
+    assert _watchers() == []
+    assert time.monotonic() - began < 1
+
+
 @pytest.mark.skipif(_inotify.watch_file(__file__) is None, reason="no inotify here")
 def test_file_events(tmp_path: Path) -> None:
     target = tmp_path / "x.db-wal"
@@ -233,15 +278,3 @@ def test_file_events(tmp_path: Path) -> None:
         assert events.wait(5)
     finally:
         events.close()
-
-
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() with threads, 3.12+
-def test_a_forked_child_starts_afresh(store: SqliteStore) -> None:
-    with store.listen("q") as sub:
-        assert len(_watchers()) == 1
-        job_id, woke = sqlite_children.run_forked(sqlite_children.after_fork, store, store.path)
-        assert woke
-        assert sub.wait(5)
-    job = store.queue("q").get_job(job_id)
-    assert job is not None
-    assert job.payload == "from the child"

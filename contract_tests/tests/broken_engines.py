@@ -61,16 +61,18 @@ def _claim_params(queue: SqliteQueue, worker_id: str, n: int) -> dict[str, Any]:
 
 # -- (a) claim order inverted ------------------------------------------------
 
+# The SQLite engine keeps private row states: 'scheduled' is a pending row
+# not yet due, 'lapsed' and 'expired' are rows its claim has moved aside.
 _EXHAUSTED = (
-    "queue = :queue AND state = 'processing' AND attempts >= max_attempts "
+    "queue = :queue AND state IN ('processing', 'lapsed') AND attempts >= max_attempts "
     "AND claim_deadline <= :now"
 )
-_DUE = "queue = :queue AND state = 'pending' AND run_at <= :now " + (
+_DUE = "queue = :queue AND state IN ('pending', 'scheduled') AND run_at <= :now " + (
     "AND (expires_at IS NULL OR expires_at > :now)"
 )
 _ELIGIBLE = (
     "queue = :queue AND (expires_at IS NULL OR expires_at > :now) AND ("
-    "(state = 'pending' AND run_at <= :now) OR (state = 'processing' "
+    "(state IN ('pending', 'scheduled') AND run_at <= :now) OR (state IN ('processing', 'lapsed') "
     "AND claim_deadline <= :now AND attempts < max_attempts))"
 )
 _WRONG_ORDER_CLAIM = f"""
