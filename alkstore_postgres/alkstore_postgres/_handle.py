@@ -3,7 +3,8 @@ handle validity").
 
 A claim is identified by the job id and its post-claim attempt count. Every
 operation is one statement whose ``WHERE`` clause is the whole validity
-predicate (processing, this claim's attempt count, not lapsed at ``now``),
+predicate (processing, this claim's attempt count, not lapsed at ``now``;
+a ``scheduled`` row, like a ``pending`` one, holds no claim),
 so a stale handle can never touch a newer claim, and a concurrent reclaim
 or sweep either runs before (the predicate fails) or after (the row is
 gone or changed) under the row lock.
@@ -32,8 +33,10 @@ _VALID += "AND claim_deadline > %(now)s"
 
 ACK = sql.SQL("DELETE FROM {jobs} WHERE " + _VALID)
 
+# A retry with a delay goes to 'scheduled', out of the claim's walk until due
+# (see _schema).
 RETRY = sql.SQL(
-    "UPDATE {jobs} SET state = 'pending', run_at = %(run_at)s, last_error = %(error)s, "
+    "UPDATE {jobs} SET state = %(state)s, run_at = %(run_at)s, last_error = %(error)s, "
     "worker_id = NULL, claim_deadline = NULL WHERE " + _VALID
 )
 
@@ -72,7 +75,9 @@ class PostgresJobHandle(JobHandle):
 
     def _retry(self, error: str, delay_s: float) -> bool:
         now = self._pg_queue._pg_store._now()
-        return self._run(RETRY, now=now, run_at=now + timedelta(seconds=delay_s), error=error)
+        run_at = now + timedelta(seconds=delay_s)
+        state = "scheduled" if run_at > now else "pending"
+        return self._run(RETRY, now=now, run_at=run_at, state=state, error=error)
 
     def _dead_letter(self, error: str) -> bool:
         return self._run(DEAD_LETTER, error=error)

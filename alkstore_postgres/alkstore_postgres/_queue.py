@@ -51,7 +51,7 @@ INSERT = Statement(
     sql.SQL("""
     WITH ins AS (
         INSERT INTO {jobs} ({columns})
-        VALUES (%(queue)s, 'pending', %(payload)s, %(content_type)s, %(priority)s,
+        VALUES (%(queue)s, %(state)s, %(payload)s, %(content_type)s, %(priority)s,
                 %(run_at)s, %(expires_at)s::timestamptz, %(enqueued_at)s,
                 %(max_attempts)s, %(visibility_timeout_s)s, %(backoff_base_s)s,
                 %(backoff_cap_s)s)
@@ -71,7 +71,7 @@ INSERT_MANY = Statement(
     sql.SQL("""
     WITH ins AS (
         INSERT INTO {jobs} ({columns})
-        SELECT %(queue)s, 'pending', p.payload, p.content_type, %(priority)s,
+        SELECT %(queue)s, %(state)s, p.payload, p.content_type, %(priority)s,
                %(run_at)s, %(expires_at)s::timestamptz, %(enqueued_at)s,
                %(max_attempts)s, %(visibility_timeout_s)s, %(backoff_base_s)s,
                %(backoff_cap_s)s
@@ -87,13 +87,25 @@ INSERT_MANY = Statement(
     columns=_COLUMNS,
 )
 
-# One statement: (1) this queue's lapsed claims with attempts exhausted move
-# to the dead table; (2) each branch walks its partial index in claim order
-# and locks up to n rows, skipping rows other claimers hold (the pending
-# branch needs no sort; the reclaim branch sorts only lapsed claims); (3) the
-# best n of those are claimed. Rows locked but not picked are left untouched
-# and released at commit. Row locks plus the re-check of the WHERE clause on
-# the newest row version make the hand-out exactly-once.
+# One statement, in steps that each touch only rows they act on:
+# (1) this queue's lapsed claims on their last allowed attempt move to the
+#     dead table (the lapsed end of ``jobs_exhausted``);
+# (2) ``came_due`` locks this queue's scheduled rows that came due since the
+#     last claim (the due end of ``jobs_scheduled``);
+# (3) ``due`` walks ``jobs_pending`` and ``lapsed`` walks ``jobs_reclaim``
+#     in claim order, each locking up to n eligible rows and skipping rows
+#     other claimers hold;
+# (4) the best n of the three are claimed, and the came-due rows not
+#     claimed move to pending, where later claims find them in order.
+# Every CTE reads the statement's one snapshot, so a row a CTE modified is
+# invisible to the others as modified (a second UPDATE of it would be
+# silently skipped): the two UPDATEs therefore take disjoint rows, and a
+# came-due row is claimed straight from 'scheduled' rather than promoted
+# first. Its rows are few (those that came due since the last claim), so
+# merging them into the sort costs what moving them does: each row is moved
+# once. Rows locked but not picked are released at commit. Row locks plus
+# the re-check of the WHERE clause on the newest row version make the
+# hand-out exactly-once.
 CLAIM = Statement(
     sql.SQL("""
     WITH exhausted AS (
@@ -107,7 +119,15 @@ CLAIM = Statement(
     ), buried AS (
         INSERT INTO {dead} ({moved}, last_error, died_at)
         SELECT {moved}, {exceeded}, %(now)s FROM moved
+    ), came_due AS (
+        -- Expired ones too: they move to pending (never claimed) and wait
+        -- there for sweep_expired, out of this range.
+        SELECT id, priority, run_at, expires_at FROM {jobs}
+        WHERE queue = %(queue)s AND state = 'scheduled' AND run_at <= %(now)s
+        FOR UPDATE SKIP LOCKED
     ), due AS (
+        -- run_at <= now still: version 1 rows, or an injected clock that
+        -- moved backwards, may leave future rows here.
         SELECT id, priority, run_at FROM {jobs}
         WHERE queue = %(queue)s AND state = 'pending' AND run_at <= %(now)s
           AND (expires_at IS NULL OR expires_at > %(now)s)
@@ -123,9 +143,22 @@ CLAIM = Statement(
         LIMIT %(n)s
         FOR UPDATE SKIP LOCKED
     ), picked AS (
-        SELECT id FROM (SELECT * FROM due UNION ALL SELECT * FROM lapsed) AS candidates
+        SELECT id FROM (
+            SELECT * FROM due
+            UNION ALL
+            SELECT id, priority, run_at FROM came_due
+            WHERE expires_at IS NULL OR expires_at > %(now)s
+            UNION ALL
+            SELECT * FROM lapsed
+        ) AS candidates
         ORDER BY priority DESC, run_at, id
         LIMIT %(n)s
+    ), promoted AS (
+        -- An array, so that the plan is primary-key probes whatever the
+        -- generic plan guesses about came_due's size.
+        UPDATE {jobs} SET state = 'pending'
+        WHERE id = ANY(ARRAY(
+            SELECT id FROM came_due WHERE id NOT IN (SELECT id FROM picked)))
     )
     UPDATE {jobs}
     SET state = 'processing',
@@ -191,13 +224,20 @@ SWEEP_EXPIRED = Statement(
     expired=sql.Literal(EXPIRED),
 )
 
-# Four counts from one snapshot, each an index-only range where possible.
+# Four counts from one snapshot, each an index range where possible. The
+# public counts go by the instants, whatever the private state says (rows
+# version 1 left pending with a future run_at; an injected clock that moved
+# backwards).
 STATS = sql.SQL("""
     SELECT
         (SELECT count(*) FROM {jobs}
-         WHERE queue = %(queue)s AND state = 'pending' AND run_at <= %(now)s),
+         WHERE queue = %(queue)s AND state = 'pending' AND run_at <= %(now)s)
+        + (SELECT count(*) FROM {jobs}
+           WHERE queue = %(queue)s AND state = 'scheduled' AND run_at <= %(now)s),
         (SELECT count(*) FROM {jobs}
-         WHERE queue = %(queue)s AND state = 'pending' AND run_at > %(now)s),
+         WHERE queue = %(queue)s AND state = 'pending' AND run_at > %(now)s)
+        + (SELECT count(*) FROM {jobs}
+           WHERE queue = %(queue)s AND state = 'scheduled' AND run_at > %(now)s),
         (SELECT count(*) FROM {jobs} WHERE queue = %(queue)s AND state = 'processing'),
         (SELECT count(*) FROM {dead} WHERE queue = %(queue)s)
 """)
@@ -223,6 +263,8 @@ class PostgresQueue(Queue):
     def _stamps(self, resolved: Resolved) -> dict[str, Any]:
         return {
             "queue": self._name,
+            # The claim's walk never sees a row that is not due yet.
+            "state": "scheduled" if resolved.run_at > resolved.enqueued_at else "pending",
             "channel": self._channel,
             "priority": resolved.priority,
             "run_at": resolved.run_at,

@@ -20,6 +20,15 @@ from alkstore.engine import job_from_values
 
 __all__ = ["DEAD_COLUMNS", "LIVE_COLUMNS", "MOVED_COLUMNS", "job_from_row"]
 
+#: The public state of each engine-private state of a live row
+#: (:mod:`alkstore_postgres._schema`); dead rows say ``'dead'``.
+_PUBLIC_STATE = {
+    "pending": "pending",
+    "scheduled": "pending",
+    "processing": "processing",
+    "dead": "dead",
+}
+
 #: The columns a live-to-dead move copies unchanged (a dead row keeps the
 #: payload, the stamps and its last claim's attempts, worker and deadline).
 MOVED_COLUMNS = sql.SQL(
@@ -72,7 +81,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
         (
             job_id,
             queue,
-            state,
+            _PUBLIC_STATE[state],
             bytes(payload),
             content_type,
             priority,

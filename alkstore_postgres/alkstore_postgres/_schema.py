@@ -5,18 +5,43 @@ Every table lives in the store's own schema (default ``alkstore``, engine
 option ``schema=``), so none can collide with the application's tables:
 
 ``jobs``
-    Live rows (``pending`` or ``processing``). The id is a ``bigint``
-    identity: a sequence never hands out a value twice, so ids are never
-    reused, not after ack, cancel or purge.
+    Live rows. The id is a ``bigint`` identity: a sequence never hands out
+    a value twice, so ids are never reused, not after ack, cancel or purge.
 ``dead``
     Dead letters, keyed by the job's own id.
 ``meta``
     ``schema_version``.
 
+A live row's ``state`` is engine-private and finer than the public one
+(SPEC's ``pending``/``processing``), so that a claim never walks rows it
+cannot hand out:
+
+==============  ==========  ================================================
+state           public      meaning
+==============  ==========  ================================================
+``pending``     pending     due when it was set: the claim walks
+                            ``jobs_pending`` in claim order
+``scheduled``   pending     ``run_at`` was in the future when it was set
+                            (enqueue, retry); ``jobs_scheduled`` holds them
+                            in the order they come due
+``processing``  processing  claimed
+==============  ==========  ================================================
+
+The claim (:mod:`alkstore_postgres._queue`) moves this queue's
+``scheduled`` rows that came due to ``pending`` (or claims them at once), so
+each row is moved once. Every statement still checks the instants
+themselves (``run_at <= now``): the state says where to look, never what is
+true, so an injected clock that moves backwards costs at most some skipped
+rows, never a wrong answer; and rows that version 1 wrote as ``pending``
+with a future ``run_at`` stay correct (they are only walked over).
+
 Indexes keep the hot paths independent of the backlog: a claim walks
-``jobs_pending`` in claim order and stops after ``n`` rows (future rows of
-the same priority sort after the due ones, dead rows are in another table);
-lapsed claims are a range of ``jobs_processing``; ``sweep_expired`` reads
+``jobs_pending`` in claim order and stops after ``n`` rows, takes the due
+end of ``jobs_scheduled`` (only rows that came due since the last claim),
+walks ``jobs_reclaim`` (every claim, in claim order, with its deadline in
+the key, so live claims are skipped inside the index) and stops after ``n``
+lapsed ones, and finds exhausted lapsed claims as a range of
+``jobs_exhausted``; dead rows are in another table. ``sweep_expired`` reads
 ``jobs_expiry`` and the retention purge ``dead_died``.
 
 Migrations run in one transaction under an advisory lock keyed by the
@@ -50,7 +75,7 @@ __all__ = [
 #: The schema used when the ``schema=`` option is not given.
 DEFAULT_SCHEMA = "alkstore"
 #: The newest schema version this code knows.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _VERSION_KEY = "schema_version"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]*")
@@ -123,6 +148,45 @@ _MIGRATIONS: tuple[tuple[sql.SQL, ...], ...] = (
         """),
         # The retention purge and the dead count.
         sql.SQL("CREATE INDEX dead_died ON {dead} (queue, died_at)"),
+    ),
+    # Version 2: the private state 'scheduled' and claim-ordered indexes
+    # (module docstring), so that neither future jobs nor lapsed claims are
+    # in the claim's path. Existing rows keep their state: pending rows with
+    # a future run_at stay correct, only walked over by claims until they
+    # are claimed (retries and new enqueues use 'scheduled').
+    (
+        # Re-adding the CHECK scans the table once, under the migration's
+        # lock; the constraint keeps the name version 1 gave it.
+        sql.SQL("""
+        ALTER TABLE {jobs}
+            DROP CONSTRAINT jobs_state_check,
+            ADD CONSTRAINT jobs_state_check
+                CHECK (state IN ('pending', 'scheduled', 'processing'))
+        """),
+        # Future rows, in the order they come due: the claim takes the due
+        # end of it (the rows it moves to pending, or claims at once).
+        sql.SQL("""
+        CREATE INDEX jobs_scheduled ON {jobs} (queue, run_at)
+            WHERE state = 'scheduled'
+        """),
+        # Reclaims: every claim in claim order, the deadline a key column so
+        # the "lapsed" test runs inside the index. The walk stops after n
+        # lapsed rows and steps over live claims only (as many as the
+        # workers hold), without visiting their heap rows.
+        sql.SQL("""
+        CREATE INDEX jobs_reclaim ON {jobs} (queue, priority DESC, run_at, id, claim_deadline)
+            WHERE state = 'processing'
+        """),
+        # Claims on their last allowed attempt, in the order they lapse: the
+        # claim's dead-letter step is the lapsed end of it, and moves every
+        # row it finds.
+        sql.SQL("""
+        CREATE INDEX jobs_exhausted ON {jobs} (queue, claim_deadline)
+            WHERE state = 'processing' AND attempts >= max_attempts
+        """),
+        # Replaced by the two above (it made the dead-letter step and the
+        # reclaim walk every lapsed claim).
+        sql.SQL("DROP INDEX {schema}.jobs_processing"),
     ),
 )
 

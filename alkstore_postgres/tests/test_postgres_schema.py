@@ -8,7 +8,7 @@ import json
 import re
 import threading
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import postgres_children
@@ -18,10 +18,16 @@ from postgres_server import drop_schema, fresh_schema_name
 from psycopg import sql
 
 from alkstore.errors import SchemaVersionError
-from alkstore_contract_tests import T0
+from alkstore_contract_tests import T0, ManualClock
 from alkstore_postgres import SCHEMA_VERSION, PostgresStore
 from alkstore_postgres._queue import CLAIM
-from alkstore_postgres._schema import render
+from alkstore_postgres._schema import (
+    _CREATE_META,
+    _CREATE_SCHEMA,
+    _MIGRATIONS,
+    _WRITE_VERSION,
+    render,
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -58,7 +64,15 @@ def test_tables_live_in_their_own_schema(
             "SELECT indexname FROM pg_indexes WHERE schemaname = %s", [schema]
         ).fetchall()
     }
-    assert {"jobs_pending", "jobs_processing", "jobs_expiry", "dead_died"} <= indexes
+    assert {
+        "jobs_pending",
+        "jobs_scheduled",
+        "jobs_reclaim",
+        "jobs_exhausted",
+        "jobs_expiry",
+        "dead_died",
+    } <= indexes
+    assert "jobs_processing" not in indexes  # version 1's, replaced in version 2
     types = dict(
         admin.execute(
             "SELECT column_name, data_type FROM information_schema.columns "
@@ -152,6 +166,52 @@ def test_processes_open_a_fresh_schema_at_once(
     assert version(admin, schema) == SCHEMA_VERSION
 
 
+def test_version_1_is_migrated(
+    open_pg: Callable[..., PostgresStore],
+    admin: psycopg.Connection[Any],
+    schema: str,
+    clock: ManualClock,
+) -> None:
+    with admin.transaction():
+        admin.execute(render(_CREATE_SCHEMA, schema))
+        admin.execute(render(_CREATE_META, schema))
+        for statement in _MIGRATIONS[0]:
+            admin.execute(render(statement, schema))
+        admin.execute(render(_WRITE_VERSION, schema), ["schema_version", 1])
+    # Version 1 wrote future rows as 'pending'.
+    fill(admin, schema, _FILL, queue="jobs", priority=9, run_at=T0 + timedelta(seconds=60), rows=1)
+    fill(admin, schema, _FILL, queue="jobs", priority=0, run_at=T0 - timedelta(seconds=1), rows=1)
+    q = open_pg().queue("jobs")
+    assert version(admin, schema) == SCHEMA_VERSION
+    indexes = {
+        name
+        for (name,) in admin.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = %s", [schema]
+        ).fetchall()
+    }
+    assert {"jobs_scheduled", "jobs_reclaim", "jobs_exhausted"} <= indexes
+    assert "jobs_processing" not in indexes
+    scheduled = q.enqueue("new", delay=120)  # the widened CHECK admits 'scheduled'
+    assert q.stats() == (1, 2, 0, 0)
+    # The version 1 future row stays 'pending': correct, only walked over.
+    handle = q.claim_one("w")
+    assert handle is not None
+    assert handle.payload == 1
+    assert handle.run_at == T0 - timedelta(seconds=1) + timedelta(microseconds=1)
+    assert handle.ack()
+    clock.set(T0 + timedelta(seconds=60))
+    assert q.claim_one("w") is None  # due at T0 + 60 s + 1 us
+    clock.set(T0 + timedelta(seconds=60, microseconds=1))
+    legacy = q.claim_one("w")
+    assert legacy is not None
+    assert legacy.priority == 9
+    assert legacy.ack()
+    clock.set(T0 + timedelta(seconds=120))
+    last = q.claim_one("w")
+    assert last is not None
+    assert last.id == scheduled
+
+
 @pytest.fixture
 def other_schema(postgres_url: str) -> Iterator[str]:
     name = fresh_schema_name()
@@ -237,19 +297,77 @@ def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from nodes(child)
 
 
+_FILL_STATE = """
+    INSERT INTO {jobs} (queue, state, payload, content_type, priority, run_at,
+        enqueued_at, attempts, max_attempts, visibility_timeout_s, backoff_base_s,
+        backoff_cap_s, worker_id, claim_deadline)
+    SELECT %(queue)s, %(state)s, '\\x31'::bytea, 'application/json', %(priority)s,
+        %(run_at)s::timestamptz + g * interval '1 microsecond', %(run_at)s, %(attempts)s, 5,
+        30, 4, 3600, %(worker_id)s, %(deadline)s::timestamptz
+    FROM generate_series(1, %(rows)s) AS g
+"""
+
+
+def fill_state(
+    admin: psycopg.Connection[Any],
+    schema: str,
+    *,
+    state: str,
+    deadline: datetime | None = None,
+    **params: Any,
+) -> None:
+    claimed = deadline is not None
+    fill(
+        admin,
+        schema,
+        _FILL_STATE,
+        state=state,
+        deadline=deadline,
+        attempts=1 if claimed else 0,
+        worker_id="w" if claimed else None,
+        **params,
+    )
+
+
 @pytest.mark.slow
 def test_claims_stay_index_driven_and_flat(
     store: PostgresStore, admin: psycopg.Connection[Any], schema: str
 ) -> None:
     early, late = datetime(2020, 1, 1, tzinfo=T0.tzinfo), datetime(2040, 1, 1, tzinfo=T0.tzinfo)
-    # A small queue and a big one in one table; the big one also has future
-    # jobs (same priority), dead rows and a higher-priority queue beside it.
-    fill(admin, schema, _FILL, queue="small", priority=0, run_at=early, rows=1_000)
-    fill(admin, schema, _FILL, queue="big", priority=0, run_at=early, rows=100_000)
+    # A small queue and a big one in one table, each with due jobs, future
+    # jobs of a *higher* priority (scheduled), lapsed claims, and live
+    # claims of a higher priority (as many as workers hold); the big one
+    # also has future jobs as version 1 wrote them (pending, same priority),
+    # dead rows and a higher-priority queue beside it.
+    for queue, rows in (("small", 1_000), ("big", 100_000)):
+        fill(admin, schema, _FILL, queue=queue, priority=0, run_at=early, rows=rows)
+        fill_state(
+            admin, schema, state="scheduled", queue=queue, priority=9, run_at=late, rows=rows
+        )
+        fill_state(
+            admin,
+            schema,
+            state="processing",
+            deadline=early,
+            queue=queue,
+            priority=0,
+            run_at=early,
+            rows=rows,
+        )
+        fill_state(
+            admin,
+            schema,
+            state="processing",
+            deadline=late,
+            queue=queue,
+            priority=9,
+            run_at=early,
+            rows=50,
+        )
     fill(admin, schema, _FILL, queue="big", priority=0, run_at=late, rows=100_000)
     fill(admin, schema, _FILL, queue="other", priority=9, run_at=early, rows=50_000)
     fill(admin, schema, _FILL_DEAD, queue="big", run_at=early, rows=100_000)
-    admin.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(schema, "jobs")))
+    admin.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(schema, "jobs")))
     admin.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(schema, "dead")))
 
     buffers = {}
@@ -257,13 +375,16 @@ def test_claims_stay_index_driven_and_flat(
         plan = claim_plan(admin, schema, queue, T0)
         text = json.dumps(plan)
         assert "Seq Scan" not in text, text
+        # Nothing big is sorted: no sort spills to disk.
+        assert all(n.get("Sort Space Type", "Memory") == "Memory" for n in nodes(plan["Plan"]))
         scans = {n.get("Index Name") for n in nodes(plan["Plan"]) if "Index Name" in n}
-        assert {"jobs_pending", "jobs_processing"} <= scans
+        assert {"jobs_pending", "jobs_scheduled", "jobs_reclaim", "jobs_exhausted"} <= scans
         assert plan["Plan"]["Actual Rows"] == 10
         buffers[queue] = sum(
             n.get("Shared Hit Blocks", 0) + n.get("Shared Read Blocks", 0)
             for n in nodes(plan["Plan"])
         )
-    # 100 times the rows, and future and dead rows beside them: the claim
-    # touches about the same number of pages.
-    assert buffers["big"] <= buffers["small"] + 20, buffers
+    # 100 times the rows, future higher-priority jobs, lapsed claims, future
+    # and dead rows beside them: the claim touches about the same number of
+    # pages (a deeper B-tree costs a page per descent).
+    assert buffers["big"] <= buffers["small"] + 40, buffers
