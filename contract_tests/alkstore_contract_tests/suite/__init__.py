@@ -71,38 +71,6 @@ __all__ = [
     "WorkerTests",
 ]
 
-#: Every topic class, in the order :class:`ContractSuite` mixes them.
-TOPICS: tuple[type, ...] = (
-    OptionResolutionTests,
-    IdTests,
-    TimeTests,
-    ValidationTests,
-    PayloadTests,
-    ErrorTextTests,
-    ClaimTests,
-    HandleValidityTests,
-    RetryTests,
-    FailTests,
-    HeartbeatTests,
-    DeadLetterTests,
-    AckBatchTests,
-    CancelTests,
-    GetJobTests,
-    SweepTests,
-    StatsTests,
-    IsolationTests,
-    WakeTests,
-    TransactionalEnqueueTests,
-    ClosedStoreTests,
-    EngineOptionTests,
-    SchemaTests,
-    HandedCaseTests,
-    ThreadConcurrencyTests,
-    ProcessConcurrencyTests,
-    StatefulTests,
-    WorkerTests,
-)
-
 
 class ContractSuite(
     OptionResolutionTests,
@@ -153,3 +121,7 @@ class ContractSuite(
     Tests marked ``slow`` (processes, the state machine, case 003) run by
     default; deselect them with ``-m "not slow"`` for a quick loop.
     """
+
+
+#: Every topic class, in the order :class:`ContractSuite` mixes them.
+TOPICS: tuple[type, ...] = ContractSuite.__bases__
