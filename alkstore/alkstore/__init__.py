@@ -16,12 +16,16 @@ from alkstore._codec import MAX_NESTING, MAX_PAYLOAD_BYTES, decode_payload, enco
 from alkstore._handle import JobHandle
 from alkstore._job import Job, JobState, QueueStats, SweepResult
 from alkstore._options import QueueOpts
+from alkstore._outbox import Outbox
 from alkstore._outcome import Fail, Retry
 from alkstore._queue import Queue
 from alkstore._registry import DEFAULT_URL, open, register
 from alkstore._resolution import enqueue_options, resolve
+from alkstore._schedule import Schedule
+from alkstore._scheduler import Scheduler
 from alkstore._store import Store
 from alkstore._subscription import Subscription
+from alkstore._sweeper import Sweeper
 from alkstore._task import Task
 from alkstore._worker import Worker, WorkerCounts
 from alkstore.errors import (
@@ -45,16 +49,20 @@ __all__ = [
     "Job",
     "JobHandle",
     "JobState",
+    "Outbox",
     "Queue",
     "QueueOpts",
     "QueueStats",
     "Retry",
     "Rng",
+    "Schedule",
+    "Scheduler",
     "SchemaVersionError",
     "Store",
     "StoreClosedError",
     "Subscription",
     "SweepResult",
+    "Sweeper",
     "Task",
     "UnknownEngineError",
     "ValidationError",

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from alkstore import _validation as v
 from alkstore._options import QueueOpts
+from alkstore._outbox import Outbox, Send
 from alkstore._registry import DEFAULT_URL, URL_ENV
 from alkstore._registry import open as open_store
 from alkstore._store import Store
@@ -81,6 +82,10 @@ class App:
         # queue by any of its tasks (None: defaults, until a task gives some).
         self._queue_opts: dict[str, QueueOpts | None] = {}
         self._queues: dict[str, Queue] = {}
+        # Outbox queues and their relays' send functions; their options live
+        # in _relay_opts, apart from the task queues a worker claims from.
+        self._relays: dict[str, Send] = {}
+        self._relay_opts: dict[str, QueueOpts] = {}
 
     def __repr__(self) -> str:
         return f"<App {self.url!r}, {len(self._tasks)} task(s)>"
@@ -179,7 +184,7 @@ class App:
         """The :class:`QueueOpts` of the queue ``name``: those its tasks gave,
         else the defaults."""
         with self._lock:
-            return self._queue_opts.get(name) or QueueOpts()
+            return self._queue_opts.get(name) or self._relay_opts.get(name) or QueueOpts()
 
     def queue(self, name: str) -> Queue:
         """The store's handle on the queue ``name`` with :meth:`queue_opts`
@@ -250,6 +255,10 @@ class App:
             with self._lock:
                 if task_name in self._tasks:
                     raise ValidationError(f"a task named {task_name!r} is already registered")
+                if queue in self._relays:
+                    raise ValidationError(
+                        f"queue {queue!r} is an outbox with a relay; tasks need their own queue"
+                    )
                 known = self._queue_opts.get(queue)
                 if opts is not None and known is not None and known != opts:
                     raise ValidationError(
@@ -265,6 +274,73 @@ class App:
 
         if __func is not None:
             return register(__func)
+        return register
+
+    # -- outboxes (docs/outbox.md) -------------------------------------------
+
+    @property
+    def relays(self) -> Mapping[str, Send]:
+        """The registered relays' send functions by outbox queue name (a copy)."""
+        with self._lock:
+            return dict(self._relays)
+
+    def outbox(self, queue: str) -> Outbox:
+        """The :class:`Outbox` on the queue ``queue``, with the options its
+        relay gave (opens the store).
+
+        Raises
+        ------
+        ValidationError
+            For a name outside SPEC §3's rule.
+        """
+        return Outbox(self.queue(queue))
+
+    def relay(self, queue: str, **queue_opts: Any) -> Callable[[Send], Send]:
+        """Register ``send`` as the relay of the outbox ``queue``: workers
+        of this app run it on a thread of their own (``Worker(relays=True)``).
+
+        Use as a decorator::
+
+            @app.relay("outbox.orders", max_attempts=10)
+            def publish(message): broker.publish("orders", message)
+
+        Parameters
+        ----------
+        queue
+            The outbox's queue; it may hold no tasks.
+        **queue_opts
+            :class:`QueueOpts` fields for the outbox queue (visibility
+            timeout, ``max_attempts``, backoff).
+
+        Returns
+        -------
+        Callable
+            A decorator that registers and returns ``send`` unchanged.
+
+        Raises
+        ------
+        ValidationError
+            For a bad queue name or option, a queue that already has a relay
+            or tasks, or a ``send`` that is not callable.
+        """
+        v.queue_name(queue)
+        opts = self._check_queue_opts(queue_opts)
+
+        def register(send: Send) -> Send:
+            if not callable(send):
+                raise ValidationError(f"a relay must be callable, not {type(send).__name__}")
+            with self._lock:
+                if queue in self._relays:
+                    raise ValidationError(f"queue {queue!r} already has a relay")
+                if queue in self._queue_opts:
+                    raise ValidationError(
+                        f"queue {queue!r} holds tasks; an outbox needs its own queue"
+                    )
+                self._relays[queue] = send
+                self._relay_opts[queue] = opts
+                self._queues.pop(queue, None)
+            return send
+
         return register
 
     @staticmethod

@@ -9,10 +9,12 @@ the explicit choices, after Celery's ``Reject``/``Retry`` and Oban's
 
 from __future__ import annotations
 
+import traceback
+
 from alkstore import _validation as v
 from alkstore.errors import ValidationError
 
-__all__ = ["Fail", "Retry"]
+__all__ = ["Fail", "Retry", "describe_exception"]
 
 
 class Fail(Exception):
@@ -76,3 +78,12 @@ class Retry(Exception):
         self.delay_s = None if delay is None else v.duration_s(delay, "delay")
         super().__init__(message)
         self.message = message
+
+
+def describe_exception(exc: BaseException) -> str:
+    """The ``last_error`` of a job whose handler raised ``exc``: the
+    exception's type and message on the first line (``"ValueError: boom"``),
+    then a blank line and the traceback."""
+    head = "".join(traceback.format_exception_only(exc)).strip()
+    trace = "".join(traceback.format_exception(exc)).rstrip()
+    return f"{head}\n\n{trace}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from alkstore import _validation as v
@@ -308,6 +309,131 @@ class Queue(abc.ABC):
         self._store._check_open()
         return self._stats()
 
+    # -- pause (docs/operations.md) -----------------------------------------
+
+    def pause(self) -> bool:
+        """Stop handing out this queue's jobs, in every process, until
+        :meth:`resume`: claims return nothing and change nothing (no
+        reclaim, no pre-claim dead-lettering); enqueues still land. Claims
+        already made run on. As pg-boss's and Oban's queue pause.
+
+        Returns
+        -------
+        bool
+            ``True`` if this call paused it, ``False`` if it was paused.
+
+        Raises
+        ------
+        StoreClosedError, EngineError
+        """
+        self._store._check_open()
+        return self._set_paused(True)
+
+    def resume(self) -> bool:
+        """Hand out this queue's jobs again and wake its subscribers.
+
+        Returns
+        -------
+        bool
+            ``True`` if this call resumed it, ``False`` if it was not paused.
+
+        Raises
+        ------
+        StoreClosedError, EngineError
+        """
+        self._store._check_open()
+        return self._set_paused(False)
+
+    def is_paused(self) -> bool:
+        """Whether the queue is paused (read from the database).
+
+        Raises
+        ------
+        StoreClosedError, EngineError
+        """
+        self._store._check_open()
+        return self._is_paused()
+
+    # -- dead letters (docs/operations.md) ----------------------------------
+
+    def dead_jobs(self, limit: int = 100, after_id: int | None = None) -> list[Job]:
+        """This queue's dead jobs in id order, a page at a time.
+
+        Parameters
+        ----------
+        limit
+            Page size, ``1 .. 10000``.
+        after_id
+            Return jobs with ids above this (the last id of the previous
+            page); ``None`` starts at the lowest.
+
+        Returns
+        -------
+        list[Job]
+            Snapshots with ``state == "dead"``, ids increasing.
+
+        Raises
+        ------
+        StoreClosedError, ValidationError, EngineError
+        """
+        self._store._check_open()
+        limit = v.int_in_range(limit, "limit", 1, 10_000)
+        after = None if after_id is None else v.int_in_range(after_id, "after_id", 0, 2**63 - 1)
+        return self._dead_jobs(limit, after)
+
+    def requeue(self, job_id: int, *, delay: object = None) -> bool:
+        """Move a dead job of this queue back to pending, as River's and
+        Oban's "retry job" do: same id, payload and stamps, ``attempts``
+        reset to 0, ``worker_id``/``claim_deadline``/``died_at`` cleared,
+        ``last_error`` kept for the record. It is due after ``delay``
+        (default now); an expiring job gets its original expiry duration
+        (``expires_at - enqueued_at``) again, counted from its new
+        ``run_at``. Wakes the queue's subscribers.
+
+        Parameters
+        ----------
+        job_id
+            The dead job's id.
+        delay
+            Seconds or ``timedelta``, ``>= 0``.
+
+        Returns
+        -------
+        bool
+            ``False`` when this queue has no such dead job (unknown, live,
+            or requeued meanwhile by someone else).
+
+        Raises
+        ------
+        StoreClosedError, ValidationError, EngineError
+        """
+        self._store._check_open()
+        job_id = v.job_id(job_id)
+        delay_s = 0.0 if delay is None else v.duration_s(delay, "delay")
+        now = self._store._now()
+        return self._requeue(job_id, now, now + timedelta(seconds=delay_s))
+
+    def purge_dead(self, older_than: object = None) -> int:
+        """Delete this queue's dead jobs that died at least ``older_than``
+        ago (SPEC §3's retention rule: ``died_at + older_than <= now``);
+        ``None`` deletes them all.
+
+        Returns
+        -------
+        int
+            How many were deleted.
+
+        Raises
+        ------
+        StoreClosedError, ValidationError, EngineError
+        """
+        self._store._check_open()
+        cutoff = None
+        if older_than is not None:
+            older_s = v.duration_s(older_than, "older_than")
+            cutoff = self._store._now() - timedelta(seconds=older_s)
+        return self._purge_dead(cutoff)
+
     # -- engine primitives ---------------------------------------------------
 
     @abc.abstractmethod
@@ -346,3 +472,33 @@ class Queue(abc.ABC):
     @abc.abstractmethod
     def _stats(self) -> QueueStats:
         """Count rows by state."""
+
+    @abc.abstractmethod
+    def _set_paused(self, paused: bool) -> bool:
+        """Record the queue's pause state durably; on resume, wake its
+        subscribers (in other processes too). ``True`` if it changed.
+        While paused, :meth:`_claim` returns ``[]`` and writes nothing."""
+
+    @abc.abstractmethod
+    def _is_paused(self) -> bool:
+        """Read the pause state."""
+
+    @abc.abstractmethod
+    def _dead_jobs(self, limit: int, after_id: int | None) -> list[Job]:
+        """Up to ``limit`` dead rows of this queue with ``id > after_id``,
+        by id (an index range, not a scan)."""
+
+    @abc.abstractmethod
+    def _requeue(self, job_id: int, now: datetime, run_at: datetime) -> bool:
+        """In one statement or transaction, move this queue's dead row
+        ``job_id`` back to the live table: pending (due at ``run_at``; ``now``
+        is the call's clock reading), ``attempts = 0``,
+        ``expires_at = run_at + (old expires_at - old enqueued_at)``
+        (NULL stays NULL), ``worker_id``/``claim_deadline``/``died_at``
+        cleared, everything else kept; wake the subscribers on commit.
+        ``False`` when there is no such dead row."""
+
+    @abc.abstractmethod
+    def _purge_dead(self, cutoff: datetime | None) -> int:
+        """Delete this queue's dead rows with ``died_at <= cutoff`` (all when
+        ``None``); return the count."""

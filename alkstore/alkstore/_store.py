@@ -6,6 +6,7 @@ import abc
 import logging
 import random
 import threading
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -13,7 +14,11 @@ from typing import TYPE_CHECKING
 from alkstore import _validation as v
 from alkstore._backoff import Rng
 from alkstore._clock import Clock, check_clock, read_clock
+from alkstore._codec import EncodedPayload, encode_payload
 from alkstore._options import QueueOpts
+from alkstore._resolution import Resolved
+from alkstore._resolution import enqueue_options as check_enqueue_options
+from alkstore._schedule import CATCH_UP_POLICIES, Schedule
 from alkstore.errors import StoreClosedError, ValidationError
 
 if TYPE_CHECKING:
@@ -126,6 +131,154 @@ class Store(abc.ABC):
         self._check_open()
         self._migrate()
 
+    def queue_names(self) -> list[str]:
+        """The names of the queues that hold live or dead jobs or are paused,
+        sorted; index-driven, so cheap however many jobs wait.
+
+        Raises
+        ------
+        StoreClosedError
+            If the store is closed.
+        EngineError
+            If the database fails.
+        """
+        self._check_open()
+        return self._queue_names()
+
+    # -- schedules (docs/schedules.md) ---------------------------------------
+
+    def schedule(
+        self,
+        name: str,
+        spec: str,
+        queue: str | Queue,
+        payload: object,
+        *,
+        timezone: str = "UTC",
+        catch_up: str = "latest",
+        **enqueue_options: object,
+    ) -> Schedule:
+        """Create or replace the schedule ``name``: on every boundary of
+        ``spec`` a :class:`Scheduler` tick enqueues ``payload`` into
+        ``queue`` exactly once, whoever ticks (docs/schedules.md).
+
+        Parameters
+        ----------
+        name
+            Unique within the store; the rule of a queue name. Saving an
+            existing name replaces it: boundaries count from now again.
+        spec
+            A 5-field cron expression read in ``timezone`` (Debian cron's
+            rules, DST included), an alias (``@hourly``, ``@daily``,
+            ``@weekly``, ``@monthly``, ``@yearly``) or ``@every <duration>``
+            (``30s``, ``5m``, ``1h30m``, ``1d``; boundaries at multiples of
+            the interval since the Unix epoch).
+        queue
+            A queue name, or a :class:`Queue` whose ``opts`` are then
+            stamped on each job (otherwise the default ``QueueOpts``).
+        payload
+            The job payload, encoded now (SPEC §3 "Payload").
+        timezone
+            An IANA zone name; default ``"UTC"``.
+        catch_up
+            ``"latest"`` (default): after an outage the latest missed
+            boundary fires once; ``"skip"``: boundaries older than the
+            scheduler's misfire grace do not fire.
+        enqueue_options
+            ``priority``, ``max_attempts``, ``expires`` as for
+            :meth:`Queue.enqueue`; each job is due at its boundary, so
+            ``delay`` and ``run_at`` are refused.
+
+        Returns
+        -------
+        Schedule
+            The stored schedule, its ``next_run_at`` the first boundary
+            after now.
+
+        Raises
+        ------
+        StoreClosedError, ValidationError, EngineError
+            ``ValidationError`` for a bad name, spec, zone, queue, payload,
+            policy or option, before anything is written.
+        """
+        from alkstore._cron import parse_schedule
+        from alkstore._queue import Queue
+
+        self._check_open()
+        v.queue_name(name, "schedule name")
+        parsed = parse_schedule(spec, timezone)
+        if isinstance(queue, Queue):
+            if queue.store is not self:
+                raise ValidationError("queue must be a queue of this store")
+            queue_name, opts = queue.name, queue.opts
+        else:
+            queue_name, opts = v.queue_name(queue), QueueOpts()
+        refused = sorted({"delay", "run_at"} & set(enqueue_options))
+        if refused:
+            raise ValidationError(
+                f"a scheduled job is due at its boundary; {' and '.join(refused)} "
+                "cannot be set on a schedule"
+            )
+        unknown = sorted(set(enqueue_options) - {"priority", "max_attempts", "expires"})
+        if unknown:
+            raise ValidationError(
+                f"unknown schedule option(s) {', '.join(unknown)}; accepted: "
+                "timezone, catch_up, priority, max_attempts, expires"
+            )
+        options = check_enqueue_options(**enqueue_options)
+        if catch_up not in CATCH_UP_POLICIES:
+            raise ValidationError(
+                f"catch_up must be one of {', '.join(map(repr, CATCH_UP_POLICIES))}, "
+                f"got {catch_up!r}"
+            )
+        encoded = encode_payload(payload)
+        now = self._now()
+        return self._put_schedule(
+            Schedule(
+                name=name,
+                spec=parsed.spec,
+                timezone=parsed.timezone,
+                queue=queue_name,
+                payload_bytes=encoded.data,
+                content_type=encoded.content_type,
+                priority=options.priority,
+                max_attempts=options.max_attempts,
+                expires_s=options.expires_s,
+                queue_opts=opts,
+                catch_up=catch_up,  # checked above
+                revision=0,
+                created_at=now,
+                next_run_at=parsed.next_after(now),
+                last_run_at=None,
+                last_job_id=None,
+            )
+        )
+
+    def unschedule(self, name: str) -> bool:
+        """Delete the schedule ``name``; jobs it already enqueued stay.
+
+        Returns
+        -------
+        bool
+            ``False`` when there is no such schedule.
+
+        Raises
+        ------
+        StoreClosedError, ValidationError, EngineError
+        """
+        self._check_open()
+        return self._delete_schedule(v.queue_name(name, "schedule name"))
+
+    def schedules(self) -> list[Schedule]:
+        """Every schedule of the store, sorted by name.
+
+        Raises
+        ------
+        StoreClosedError, EngineError
+        """
+        self._check_open()
+        return self._list_schedules(None)
+
     def close(self) -> None:
         """Release the store's connections. Idempotent; never raises."""
         with self._close_lock:
@@ -183,3 +336,54 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def _close(self) -> None:
         """Release connections; called once."""
+
+    @abc.abstractmethod
+    def _queue_names(self) -> list[str]:
+        """Sorted distinct names of queues with live or dead rows or a pause
+        record, found through indexes (never a scan of the job tables)."""
+
+    @abc.abstractmethod
+    def _put_schedule(self, schedule: Schedule) -> Schedule:
+        """Insert ``schedule`` (revision 1) or replace the one of that name
+        (revision + 1, ``last_run_at``/``last_job_id`` from ``schedule``,
+        i.e. cleared); return what is stored."""
+
+    @abc.abstractmethod
+    def _delete_schedule(self, name: str) -> bool:
+        """Delete a schedule; ``True`` if one was deleted."""
+
+    @abc.abstractmethod
+    def _list_schedules(self, due_at: datetime | None) -> list[Schedule]:
+        """Every schedule by name; or, with ``due_at``, those whose
+        ``next_run_at <= due_at`` ordered by ``next_run_at`` (index-driven)."""
+
+    @abc.abstractmethod
+    def _fire_schedule(
+        self,
+        schedule: Schedule,
+        boundary: datetime,
+        next_run_at: datetime,
+        resolved: Resolved,
+        payload: EncodedPayload,
+    ) -> int | None:
+        """In one transaction: only if the stored schedule still has
+        ``schedule.revision`` and ``schedule.next_run_at``, set its
+        ``next_run_at``, ``last_run_at = boundary`` and ``last_job_id``,
+        and insert one job into ``schedule.queue`` as :meth:`Queue._insert`
+        does (waking its subscribers on commit); return the job id, or
+        ``None`` (nothing written) when another tick or a replacement got
+        there first. This is the exactly-once guard."""
+
+    @abc.abstractmethod
+    def _skip_schedule(self, schedule: Schedule, next_run_at: datetime) -> bool:
+        """As :meth:`_fire_schedule` without a job: advance ``next_run_at``
+        only; ``False`` when the guard fails."""
+
+    @abc.abstractmethod
+    def _maintenance_turn(self, task: str, interval_s: float) -> AbstractContextManager[bool]:
+        """A context manager yielding whether this process may run the
+        maintenance ``task`` now: ``True`` for at most one caller per
+        database while it is held, and only once per ``interval_s`` (a
+        durable per-task ``next_run_at``, advanced when the turn is taken).
+        PostgreSQL holds an advisory lock for the block; SQLite a file lock
+        beside the database."""

@@ -127,8 +127,9 @@ def aware_utc(value: object, what: str) -> datetime:
     return utc
 
 
-def queue_name(name: object) -> str:
-    """Check a queue name (SPEC §3 "Validation").
+def queue_name(name: object, what: str = "queue name") -> str:
+    """Check a queue name (SPEC §3 "Validation"); schedule names follow the
+    same rule (``what`` names the argument in the message).
 
     A name is 1 to 128 characters of ``[A-Za-z0-9_.:-]`` and does not start
     with the reserved prefix ``__alkstore_``.
@@ -139,17 +140,17 @@ def queue_name(name: object) -> str:
         For any other name.
     """
     if not isinstance(name, str):
-        raise ValidationError(f"queue name must be a str, not {type(name).__name__}")
+        raise ValidationError(f"{what} must be a str, not {type(name).__name__}")
     if not name:
-        raise ValidationError("queue name must not be empty")
+        raise ValidationError(f"{what} must not be empty")
     if len(name) > MAX_QUEUE_NAME_CHARS:
         raise ValidationError(
-            f"queue name must be at most {MAX_QUEUE_NAME_CHARS} characters, got {len(name)}"
+            f"{what} must be at most {MAX_QUEUE_NAME_CHARS} characters, got {len(name)}"
         )
     if not _QUEUE_NAME.fullmatch(name):
-        raise ValidationError(f"queue name {name!r} may only hold letters, digits and '_.:-'")
+        raise ValidationError(f"{what} {name!r} may only hold letters, digits and '_.:-'")
     if name.startswith(RESERVED_PREFIX):
-        raise ValidationError(f"queue name {name!r} uses the reserved prefix {RESERVED_PREFIX!r}")
+        raise ValidationError(f"{what} {name!r} uses the reserved prefix {RESERVED_PREFIX!r}")
     return name
 
 

@@ -30,17 +30,20 @@ import signal
 import socket
 import threading
 import time
-import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from alkstore import _validation as v
 from alkstore._completer import Completer
 from alkstore._handle import JobHandle
 from alkstore._heartbeat import Beat, Heartbeater
-from alkstore._outcome import Fail, Retry
+from alkstore._outbox import Send
+from alkstore._outcome import Fail, Retry, describe_exception
 from alkstore._pool import DaemonPool
+from alkstore._scheduler import DEFAULT_TICK_INTERVAL_S, Scheduler
 from alkstore._signals import stop_signals
+from alkstore._sweeper import DEFAULT_SWEEP_INTERVAL_S, Sweeper
 from alkstore._task import Task, parse_task_payload
 from alkstore.errors import StoreClosedError, ValidationError
 
@@ -53,6 +56,7 @@ __all__ = [
     "DEFAULT_GRACE_PERIOD_S",
     "DEFAULT_POLL_INTERVAL_S",
     "DEFAULT_SWEEP_INTERVAL_S",
+    "DEFAULT_TICK_INTERVAL_S",
     "Outcome",
     "Worker",
     "WorkerCounts",
@@ -67,8 +71,6 @@ DEFAULT_POLL_INTERVAL_S = 1.0
 #: Seconds running jobs get to finish after a stop before the worker exits
 #: and leaves them to lapse (Kubernetes' default termination grace period).
 DEFAULT_GRACE_PERIOD_S = 30.0
-#: Seconds between ``sweep_expired`` calls on each queue (the first at start).
-DEFAULT_SWEEP_INTERVAL_S = 60.0
 #: A listener thread returns from ``Subscription.wait`` at least this often
 #: to notice that the worker is stopping.
 _LISTEN_SLICE_S = 0.5
@@ -96,6 +98,16 @@ class _Finished(NamedTuple):
     task_name: str
     duration_s: float
     beat: Beat
+
+
+@dataclass
+class _Chore:
+    """Periodic work of the claim loop: a sweep or a scheduler tick."""
+
+    name: str
+    interval_s: float
+    run: Callable[[], object]
+    next_at: float = 0.0  # monotonic; 0 runs it at once
 
 
 class WorkerCounts(NamedTuple):
@@ -127,15 +139,6 @@ class WorkerCounts(NamedTuple):
     def total(self) -> int:
         """Every job whose handler finished."""
         return self.succeeded + self.retried + self.dead + self.lost
-
-
-def describe_exception(exc: BaseException) -> str:
-    """The ``last_error`` of a job whose handler raised ``exc``: the
-    exception's type and message on the first line (``"ValueError: boom"``),
-    then a blank line and the traceback."""
-    head = "".join(traceback.format_exception_only(exc)).strip()
-    trace = "".join(traceback.format_exception(exc)).rstrip()
-    return f"{head}\n\n{trace}"
 
 
 def _default_worker_id() -> str:
@@ -197,8 +200,18 @@ class Worker:
         Seconds running jobs get to finish after a stop, ``>= 0``
         (default 30).
     sweep_interval_s
-        Seconds between ``Queue.sweep_expired`` calls on each queue, ``> 0``
-        (default 60); ``None`` never sweeps.
+        Seconds between sweeps of the whole store, ``> 0`` (default 60);
+        ``None`` never sweeps. A :class:`Sweeper` runs ``sweep_expired`` on
+        every queue of the store, with the dead-letter retention of this
+        app's queues; across all workers on one database it runs once per
+        interval, never twice at once (docs/operations.md).
+    tick_interval_s
+        Seconds between :meth:`Scheduler.tick` calls, ``> 0`` (default 1),
+        so the store's schedules fire while any worker runs; ``None`` never
+        ticks (run ``alkstore scheduler`` instead; docs/schedules.md).
+    relays
+        Whether to run the app's outbox relays (``App.relay``), each on its
+        own thread, until the worker stops (docs/outbox.md).
     worker_id
         Recorded on claimed rows; default ``host:pid:random``.
     handle_signals
@@ -207,7 +220,8 @@ class Worker:
     Raises
     ------
     ValidationError
-        For an option outside its rule, a bad queue name, or no queue.
+        For an option outside its rule, a bad queue name, a queue that is an
+        outbox of the app (``App.relay``), or no queue.
     """
 
     def __init__(
@@ -219,6 +233,8 @@ class Worker:
         poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
         grace_period_s: float = DEFAULT_GRACE_PERIOD_S,
         sweep_interval_s: float | None = DEFAULT_SWEEP_INTERVAL_S,
+        tick_interval_s: float | None = DEFAULT_TICK_INTERVAL_S,
+        relays: bool = True,
         worker_id: str | None = None,
         handle_signals: bool = True,
     ) -> None:
@@ -229,7 +245,13 @@ class Worker:
         else:
             names = list(queues)
         names = list(dict.fromkeys(v.queue_name(name) for name in names))
-        if not names:
+        outboxes = [name for name in names if name in app.relays]
+        if outboxes:  # their messages are not task calls: all would die as malformed
+            raise ValidationError(
+                f"queue {outboxes[0]!r} is an outbox with a relay; the worker runs its "
+                "relay (relays=True) and cannot claim its messages as tasks"
+            )
+        if not names and not (relays is True and app.relays):
             raise ValidationError(
                 "no queue to work: register a task on the app or pass queues=[...]"
             )
@@ -243,10 +265,19 @@ class Worker:
             if sweep_interval_s is None
             else v.duration_s(sweep_interval_s, "sweep_interval_s", positive=True)
         )
+        self._tick_interval_s = (
+            None
+            if tick_interval_s is None
+            else v.duration_s(tick_interval_s, "tick_interval_s", positive=True)
+        )
+        if not isinstance(relays, bool):
+            raise ValidationError("relays must be a bool")
+        self._relays = relays
         self._worker_id = v.worker_id(_default_worker_id() if worker_id is None else worker_id)
         if not isinstance(handle_signals, bool):
             raise ValidationError("handle_signals must be a bool")
         self._handle_signals = handle_signals
+        self._relay_stop = threading.Event()
 
         # One re-entrant lock for the loop's state: the signal handler runs in
         # the main thread, possibly while that thread holds it.
@@ -310,6 +341,7 @@ class Worker:
         """Ask :meth:`run` to stop: claim nothing more, let running jobs
         finish within the grace period, then return. Safe from any thread,
         before or during :meth:`run`; idempotent."""
+        self._relay_stop.set()
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
@@ -378,6 +410,10 @@ class Worker:
             )
             for sub in subscriptions
         ]
+        relays = [
+            threading.Thread(target=self._relay, args=(name, send), name=f"alkstore-relay-{name}")
+            for name, send in (self._app.relays.items() if self._relays and not burst else ())
+        ]
         pool = DaemonPool(self._concurrency, f"alkstore-job-{self._worker_id}")
         log.info(
             "worker %s started: queues %s, concurrency %d%s",
@@ -390,7 +426,7 @@ class Worker:
         self._completer.start()
         try:
             with stop_signals(self._on_signal, install=self._handle_signals):
-                for thread in listeners:
+                for thread in listeners + relays:
                     thread.daemon = True
                     thread.start()
                 try:
@@ -403,7 +439,8 @@ class Worker:
             self._heartbeater.stop()
             pool.shutdown()
             self.stop()
-            for thread in listeners:
+            self._relay_stop.set()
+            for thread in listeners + relays:
                 thread.join(_LISTEN_SLICE_S * 4)
             for sub in subscriptions:
                 sub.close()
@@ -418,20 +455,20 @@ class Worker:
     # -- the claim loop ------------------------------------------------------
 
     def _loop(self, queues: list[Queue], pool: DaemonPool, burst: bool) -> None:
-        next_sweep = time.monotonic() if self._sweep_interval_s is not None else math.inf
+        chores = self._chores()
         while True:
+            next_chore = self._run_due(chores)
             with self._cond:
-                while not self._stopping and len(self._running) >= self._concurrency:
-                    self._cond.wait(self._poll_interval_s)
                 if self._stopping:
                     return
                 free = self._concurrency - len(self._running)
+                if free <= 0:  # every slot busy: wait for one, or the next chore
+                    wait_s = min(self._poll_interval_s, next_chore - time.monotonic())
+                    self._cond.wait(max(0.0, wait_s))
+                    continue
                 # Cleared before claiming, so a wake arriving during the claim
                 # keeps the flag set and the next wait returns at once.
                 self._woken = False
-            if time.monotonic() >= next_sweep:
-                self._sweep(queues)
-                next_sweep = time.monotonic() + (self._sweep_interval_s or math.inf)
             claimed, failed = self._claim_round(queues, free, pool)
             with self._cond:
                 if self._stop_requested():  # stop() may have run meanwhile
@@ -441,8 +478,45 @@ class Worker:
                 if burst and not claimed and not failed and not self._running:
                     return
                 timeout = _ERROR_PAUSE_S if failed else self._poll_interval_s
-                timeout = min(timeout, max(0.0, next_sweep - time.monotonic()))
+                timeout = min(timeout, max(0.0, next_chore - time.monotonic()))
                 self._cond.wait_for(lambda: self._woken or self._stopping, timeout)
+
+    def _chores(self) -> list[_Chore]:
+        """The periodic work the claim loop does between claims."""
+        chores: list[_Chore] = []
+        store = self._app.store
+        if self._sweep_interval_s is not None:
+            # Every queue the app declares, served here or not: the sweep's
+            # turn is fleet-wide, so whichever worker takes it applies them.
+            known = [*self._queue_names, *self._app.queue_names, *self._app.relays]
+            retention = {
+                name: seconds
+                for name in dict.fromkeys(known)
+                if (seconds := self._app.queue_opts(name).dead_letter_retention_s) is not None
+            }
+            sweeper = Sweeper(store, interval_s=self._sweep_interval_s, retention=retention)
+            chores.append(_Chore("sweeping", self._sweep_interval_s, sweeper.run_once))
+        if self._tick_interval_s is not None:
+            chores.append(
+                _Chore("the scheduler tick", self._tick_interval_s, Scheduler(store).tick)
+            )
+        return chores
+
+    @staticmethod
+    def _run_due(chores: list[_Chore]) -> float:
+        """Run the chores that are due; return when the next one is."""
+        now = time.monotonic()
+        for chore in chores:
+            if now >= chore.next_at:
+                try:
+                    chore.run()
+                except StoreClosedError:
+                    raise
+                except Exception:
+                    log.exception("%s failed; trying again in %g s", chore.name, chore.interval_s)
+                now = time.monotonic()
+                chore.next_at = now + chore.interval_s
+        return min((chore.next_at for chore in chores), default=math.inf)
 
     def _claim_round(self, queues: list[Queue], free: int, pool: DaemonPool) -> tuple[int, bool]:
         claimed, failed = 0, False
@@ -463,22 +537,19 @@ class Worker:
             claimed += len(handles)
         return claimed, failed
 
-    def _sweep(self, queues: list[Queue]) -> None:
-        for queue in queues:
-            try:
-                result = queue.sweep_expired()
-            except StoreClosedError:
-                raise
-            except Exception:
-                log.exception("sweeping queue %r failed", queue.name)
-                continue
-            if result.expired or result.purged:
-                log.info(
-                    "queue %r: %d expired job(s) dead-lettered, %d dead job(s) purged",
-                    queue.name,
-                    result.expired,
-                    result.purged,
-                )
+    def _relay(self, name: str, send: Send) -> None:
+        """Run one outbox relay until the worker stops (docs/outbox.md)."""
+        try:
+            self._app.outbox(name).relay(
+                send,
+                worker_id=self._worker_id,
+                stop=self._relay_stop,
+                poll_interval_s=self._poll_interval_s,
+            )
+        except StoreClosedError:
+            pass
+        except Exception:
+            log.exception("the relay of outbox %r stopped", name)
 
     def _listen(self, subscription: Subscription) -> None:
         while True:
@@ -505,6 +576,9 @@ class Worker:
 
     def _drain(self) -> None:
         """Wait up to the grace period for running jobs; report the rest."""
+        # The relays stop claiming now too, not after the grace period: a
+        # signal only sets _stopping (an Event's lock is not re-entrant).
+        self._relay_stop.set()
         with self._cond:
             self._stopping = True
             deadline = time.monotonic() + self._grace_period_s

@@ -4,10 +4,10 @@ Importing :mod:`alkstore` does not import this module (nor click): only the
 console script and ``python -m alkstore`` do.
 
 Every command takes the store from ``--url``, else ``$ALKSTORE_URL``, else
-the embedded ``sqlite:///alkstore.db`` (SPEC §1). The store has no list of
-its queues, so the commands that read queues are told which: by ``--queue``
-options, or by ``--app MODULE:APP`` (``$ALKSTORE_APP``), whose tasks name
-their queues. Errors print one line on stderr and exit with status 1.
+the embedded ``sqlite:///alkstore.db`` (SPEC §1). The commands that read
+queues read those named by ``--queue`` options and by ``--app MODULE:APP``
+(``$ALKSTORE_APP``), whose tasks name their queues; with neither, every
+queue of the store. Errors print one line on stderr and exit with status 1.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterator, Sequence
@@ -33,6 +34,9 @@ import alkstore
 from alkstore._app import App
 from alkstore._job import Job, QueueStats
 from alkstore._queue import Queue
+from alkstore._schedule import CATCH_UP_POLICIES
+from alkstore._scheduler import DEFAULT_TICK_INTERVAL_S, Scheduler
+from alkstore._signals import stop_signals
 from alkstore._store import Store
 from alkstore._task import parse_task_payload
 from alkstore._worker import DEFAULT_GRACE_PERIOD_S, DEFAULT_POLL_INTERVAL_S
@@ -186,11 +190,6 @@ def _queues_of(
     ``migrate=False`` opens the store without migrating, with or without an
     app: the read-only commands never create or upgrade a schema.
     """
-    if not names and not app_spec:
-        _fail(
-            "name the queues: --queue NAME (repeatable) or --app MODULE:APP "
-            f"(or ${APP_ENV}); a store keeps no list of its queues"
-        )
     stack = contextlib.ExitStack()
     if app_spec:
         app = stack.enter_context(ctx.app(app_spec, migrate=None if migrate else False))
@@ -202,6 +201,10 @@ def _queues_of(
             return stack, [app.queue(name) for name in all_names]
     store = stack.enter_context(ctx.open(migrate=migrate))
     with _closing_on_error(stack):
+        if not names:
+            names = store.queue_names()
+            if not names:
+                _fail("the store has no queues yet")
         return stack, [store.queue(name) for name in dict.fromkeys(names)]
 
 
@@ -498,6 +501,288 @@ def job(
         click.echo(f"{name.ljust(width)}  {first}")
         for line in rest:
             click.echo(f"{' ' * width}  {line}")
+
+
+# -- operations (docs/operations.md) -------------------------------------------
+
+
+@cli.command()
+@click.argument("queue_name", metavar="QUEUE")
+@click.pass_obj
+def pause(ctx: _Context, *, queue_name: str) -> None:
+    """Stop workers everywhere from claiming QUEUE's jobs (enqueues still land)."""
+    with ctx.errors(), ctx.open() as store:
+        changed = store.queue(queue_name).pause()
+    click.echo(f"queue {queue_name} paused" if changed else f"queue {queue_name} was paused")
+
+
+@cli.command()
+@click.argument("queue_name", metavar="QUEUE")
+@click.pass_obj
+def resume(ctx: _Context, *, queue_name: str) -> None:
+    """Let workers claim QUEUE's jobs again."""
+    with ctx.errors(), ctx.open() as store:
+        changed = store.queue(queue_name).resume()
+    click.echo(f"queue {queue_name} resumed" if changed else f"queue {queue_name} was not paused")
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    cells = [list(header), *map(list, rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in cells
+    )
+
+
+def _when(value: datetime | None) -> str:
+    return "-" if value is None else value.isoformat(timespec="seconds")
+
+
+@cli.group()
+def dead() -> None:
+    """List, requeue and purge a queue's dead letters."""
+
+
+@dead.command("list")
+@click.argument("queue_name", metavar="QUEUE")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True)
+@click.option("--after", "after_id", type=click.IntRange(min=0), metavar="ID", help="Page on.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line.")
+@click.pass_obj
+def dead_list(
+    ctx: _Context, *, queue_name: str, limit: int, after_id: int | None, as_json: bool
+) -> None:
+    """Show QUEUE's dead jobs in id order, --limit at a time (--after the
+    last id shown for the next page)."""
+    with ctx.errors(), ctx.open(migrate=False) as store:
+        jobs = store.queue(queue_name).dead_jobs(limit, after_id)
+    if as_json:
+        for found in jobs:
+            click.echo(json.dumps(_job_fields(found), ensure_ascii=False))
+        return
+    if not jobs:
+        click.echo(f"no dead jobs in queue {queue_name}")
+        return
+    rows = [
+        (
+            str(found.id),
+            _when(found.died_at),
+            f"{found.attempts}/{found.max_attempts}",
+            (found.last_error or "-").split("\n", 1)[0][:80],
+        )
+        for found in jobs
+    ]
+    click.echo(_table(("id", "died_at", "attempts", "last_error"), rows))
+    if len(jobs) == limit:
+        click.echo(f"(more may follow: --after {jobs[-1].id})")
+
+
+@dead.command("requeue")
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("job_ids", metavar="[ID]...", nargs=-1, type=click.IntRange(min=0))
+@click.option("--all", "every", is_flag=True, help="Requeue every dead job of QUEUE.")
+@click.option("--delay", type=click.FloatRange(min=0), metavar="SECONDS", help="Due this later.")
+@click.pass_obj
+def dead_requeue(
+    ctx: _Context, *, queue_name: str, job_ids: tuple[int, ...], every: bool, delay: float | None
+) -> None:
+    """Move dead jobs of QUEUE back to pending with their attempts reset."""
+    if bool(job_ids) == every:
+        _fail("give the dead job ids to requeue, or --all (not both)")
+    requeued = missing = 0
+    with ctx.errors(), ctx.open() as store:
+        queue = store.queue(queue_name)
+        for job_id in job_ids or _every_dead_id(queue):
+            if queue.requeue(job_id, delay=delay):
+                requeued += 1
+            else:
+                missing += 1
+                click.echo(f"job {job_id} is not a dead job of queue {queue_name}", err=True)
+    click.echo(f"{requeued} job(s) requeued")
+    if missing:
+        sys.exit(1)
+
+
+def _every_dead_id(queue: Queue) -> Iterator[int]:
+    after: int | None = None
+    while page := queue.dead_jobs(1000, after):
+        yield from (found.id for found in page)
+        after = page[-1].id
+
+
+@dead.command("purge")
+@click.argument("queue_name", metavar="QUEUE")
+@click.option(
+    "--older-than",
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="Only jobs dead at least this long [default: all].",
+)
+@click.option("--yes", is_flag=True, help="Purge all without asking.")
+@click.pass_obj
+def dead_purge(ctx: _Context, *, queue_name: str, older_than: float | None, yes: bool) -> None:
+    """Delete QUEUE's dead jobs for good."""
+    if older_than is None and not yes:
+        click.confirm(f"delete every dead job of queue {queue_name}?", abort=True)
+    with ctx.errors(), ctx.open() as store:
+        purged = store.queue(queue_name).purge_dead(older_than)
+    click.echo(f"{purged} dead job(s) purged")
+
+
+# -- schedules (docs/schedules.md) ---------------------------------------------
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line.")
+@click.pass_obj
+def schedules(ctx: _Context, *, as_json: bool) -> None:
+    """Show the store's schedules and when each fires next."""
+    with ctx.errors(), ctx.open(migrate=False) as store:
+        found = store.schedules()
+    if as_json:
+        for item in found:
+            fields = {
+                f.name: _jsonable(getattr(item, f.name))
+                for f in dataclasses.fields(item)
+                if f.name not in ("payload_bytes", "queue_opts")
+            }
+            fields["payload"] = _jsonable(item.payload)
+            fields["queue_opts"] = dataclasses.asdict(item.queue_opts)
+            click.echo(json.dumps(fields, ensure_ascii=False))
+        return
+    if not found:
+        click.echo("no schedules")
+        return
+    rows = [
+        (
+            item.name,
+            item.spec,
+            item.timezone,
+            item.queue,
+            _when(item.next_run_at),
+            _when(item.last_run_at),
+            "-" if item.last_job_id is None else str(item.last_job_id),
+        )
+        for item in found
+    ]
+    header = ("name", "spec", "timezone", "queue", "next_run_at", "last_run_at", "last_job")
+    click.echo(_table(header, rows))
+
+
+@cli.command()
+@click.argument("name")
+@click.argument("spec")
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("payload", metavar="JSON")
+@click.option("--timezone", default="UTC", show_default=True, help="IANA zone of the cron fields.")
+@click.option(
+    "--catch-up",
+    type=click.Choice(CATCH_UP_POLICIES),
+    default="latest",
+    show_default=True,
+    help="After an outage: fire the latest missed boundary once, or skip.",
+)
+@click.option("--priority", type=int, help="Higher is claimed first.")
+@click.option("--max-attempts", type=int, help="Claims each job may consume.")
+@click.option("--expires", type=float, metavar="SECONDS", help="Expire unrun after this long.")
+@click.pass_obj
+def schedule(
+    ctx: _Context,
+    *,
+    name: str,
+    spec: str,
+    queue_name: str,
+    payload: str,
+    timezone: str,
+    catch_up: str,
+    priority: int | None,
+    max_attempts: int | None,
+    expires: float | None,
+) -> None:
+    """Create or replace the schedule NAME: enqueue JSON into QUEUE on every
+    boundary of SPEC ('30 2 * * *', '@daily', '@every 30s')."""
+    try:
+        value = json.loads(payload)
+    except ValueError as exc:
+        _fail(f"JSON is not valid JSON: {exc}")
+    options = {"priority": priority, "max_attempts": max_attempts, "expires": expires}
+    with ctx.errors(), ctx.open() as store:
+        saved = store.schedule(
+            name,
+            spec,
+            queue_name,
+            value,
+            timezone=timezone,
+            catch_up=catch_up,
+            **{key: value for key, value in options.items() if value is not None},
+        )
+    click.echo(f"schedule {saved.name}: next run at {_when(saved.next_run_at)}")
+
+
+@cli.command()
+@click.argument("name")
+@click.pass_obj
+def unschedule(ctx: _Context, *, name: str) -> None:
+    """Delete the schedule NAME (jobs it enqueued stay)."""
+    with ctx.errors(), ctx.open() as store:
+        deleted = store.unschedule(name)
+    if not deleted:
+        _fail(f"no schedule {name}")
+    click.echo(f"schedule {name} deleted")
+
+
+@cli.command()
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_TICK_INTERVAL_S,
+    show_default=True,
+    metavar="SECONDS",
+    help="Tick this often.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+)
+@click.pass_obj
+def scheduler(ctx: _Context, *, interval: float, log_level: str) -> None:
+    """Fire the store's schedules until SIGTERM/SIGINT, without running jobs.
+
+    Workers tick the scheduler themselves; run this when no worker does
+    (workers started with tick_interval_s=None). Any number may run: each
+    boundary fires once.
+    """
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=log_level.upper(),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
+    stop = threading.Event()
+    signalled: list[int] = []  # the handler only appends (SPEC of stop_signals)
+    failure: list[BaseException] = []
+
+    def tick_until_stopped(store: Store) -> None:
+        try:
+            Scheduler(store).run(interval_s=interval, stop=stop)
+        except BaseException as exc:
+            failure.append(exc)
+
+    with ctx.errors(), ctx.open() as store:
+        where = redact_url(ctx.url or alkstore.DEFAULT_URL)
+        log.info("scheduler on %s, ticking every %g s", where, interval)
+        ticker = threading.Thread(target=tick_until_stopped, args=(store,), name="alkstore-tick")
+        with stop_signals(signalled.append, install=True):
+            ticker.start()
+            while ticker.is_alive():
+                if signalled:
+                    stop.set()
+                ticker.join(0.2)
+        if failure:
+            raise failure[0]
 
 
 @cli.command()

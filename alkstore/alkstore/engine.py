@@ -13,6 +13,12 @@ from alkstore._handle import FAILED, MAX_ATTEMPTS_EXCEEDED
 from alkstore._job import JOB_FIELDS, job_from_values
 from alkstore._latch import WakeLatch
 from alkstore._resolution import Resolved
+from alkstore._schedule import (
+    SCHEDULE_COLUMNS,
+    Schedule,
+    schedule_from_values,
+    schedule_to_values,
+)
 from alkstore._validation import duration_s, int_in_range
 from alkstore.errors import SchemaVersionError, ValidationError
 
@@ -22,8 +28,10 @@ __all__ = [
     "FAILED",
     "JOB_FIELDS",
     "MAX_ATTEMPTS_EXCEEDED",
+    "SCHEDULE_COLUMNS",
     "EncodedPayload",
     "Resolved",
+    "Schedule",
     "WakeLatch",
     "check_engine_options",
     "check_schema_version",
@@ -31,6 +39,8 @@ __all__ = [
     "duration_s",
     "int_in_range",
     "job_from_values",
+    "schedule_from_values",
+    "schedule_to_values",
 ]
 
 #: ``last_error`` of a job that ``sweep_expired`` moved to the dead table.

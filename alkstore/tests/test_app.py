@@ -382,3 +382,53 @@ def test_a_misspelled_option_names_the_keyword(app: App) -> None:
     task = app.task(add)
     with pytest.raises(TypeError, match="unexpected keyword argument 'dealy'"):
         task.options(dealy=5)  # type: ignore[call-arg]
+
+
+# -- relays (docs/outbox.md) ----------------------------------------------------
+
+
+def test_relay_registers_an_outbox_apart_from_the_task_queues(app: App) -> None:
+    def publish(message: object) -> None:
+        pass
+
+    app.task(add)
+    assert app.relay("outbox.orders", max_attempts=20, backoff_cap_s=600)(publish) is publish
+    assert app.relays == {"outbox.orders": publish}
+    assert app.queue_names == ["default"]  # a worker claims no message as a task
+    assert app.queue_opts("outbox.orders") == QueueOpts(max_attempts=20, backoff_cap_s=600)
+    outbox = app.outbox("outbox.orders")
+    assert isinstance(outbox, alkstore.Outbox)
+    assert (outbox.queue.name, outbox.queue.opts) == (
+        "outbox.orders",
+        QueueOpts(max_attempts=20, backoff_cap_s=600),
+    )
+    relays = app.relays
+    relays.clear()  # a copy
+    assert list(app.relays) == ["outbox.orders"]
+
+
+def test_relay_registration_errors(app: App) -> None:
+    app.task(queue="tasks", name="t")(add)
+    app.relay("outbox.x")(print)
+    with pytest.raises(ValidationError, match="queue 'tasks' holds tasks; an outbox needs its own"):
+        app.relay("tasks")(print)
+    with pytest.raises(
+        ValidationError, match=r"queue 'outbox\.x' is an outbox with a relay; tasks need their own"
+    ):
+        app.task(queue="outbox.x", name="u")(add)
+    assert "u" not in app.tasks
+    with pytest.raises(ValidationError, match=r"queue 'outbox\.x' already has a relay"):
+        app.relay("outbox.x")(print)
+    with pytest.raises(ValidationError, match="a relay must be callable, not int"):
+        app.relay("outbox.y")(42)  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match=r"unknown queue option.*visibility"):
+        app.relay("outbox.y", visibility=3)
+    with pytest.raises(ValidationError, match="max_attempts"):
+        app.relay("outbox.y", max_attempts=0)
+    with pytest.raises(ValidationError, match="queue name 'bad name'"):
+        app.relay("bad name")
+    # None of the refused registrations left anything behind.
+    assert list(app.relays) == ["outbox.x"]
+    assert app.queue_names == ["tasks"]
+    app.relay("outbox.y")(print)
+    assert sorted(app.relays) == ["outbox.x", "outbox.y"]

@@ -279,7 +279,7 @@ def test_stats_watch_redraws_until_interrupted(project: Path, url: str) -> None:
         (("enqueue", "bad name", "1"), "queue name"),
         (("enqueue", "mail", "{not json"), "not valid JSON"),
         (("enqueue", "mail", "[1]", "--priority", str(2**40)), "priority"),
-        (("stats",), "name the queues"),
+        (("stats",), "SchemaVersionError"),
         (("job", "1", "-q", "mail"), "SchemaVersionError"),
         (("worker", "nosuchmodule:app"), "cannot import 'nosuchmodule'"),
         (("worker", "jobs:missing"), "has no attribute 'missing'"),

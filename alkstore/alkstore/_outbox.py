@@ -1,0 +1,245 @@
+"""The transactional :class:`Outbox`: messages written with the business data
+and relayed afterwards, at least once (docs/outbox.md)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from alkstore import _validation as v
+from alkstore._outcome import describe_exception
+from alkstore.errors import ValidationError
+
+if TYPE_CHECKING:
+    from alkstore._handle import JobHandle
+    from alkstore._queue import Queue
+
+__all__ = ["DEFAULT_RELAY_BATCH", "Outbox", "Send"]
+
+log = logging.getLogger("alkstore.outbox")
+
+#: Messages a relay claims at a time.
+DEFAULT_RELAY_BATCH = 100
+#: Seconds a relay waits for a wake before it polls again.
+DEFAULT_RELAY_POLL_S = 1.0
+# How often a waiting relay looks at its stop event.
+_STOP_SLICE_S = 0.1
+
+#: Delivers one message; returning means delivered, raising means retry.
+Send = Callable[[Any], object]
+
+
+class Outbox:
+    """A transactional outbox over one queue (the pattern of
+    microservices.io's "Transactional outbox"; docs/outbox.md).
+
+    :meth:`add` writes a message in the caller's own database transaction,
+    so it exists exactly when the business write beside it commits. A relay
+    (:meth:`relay_once`, :meth:`relay`, or a worker running an
+    ``App.relay``) claims messages and hands each to ``send``; a message is
+    acked once ``send`` returns, and retried with the queue's backoff when it
+    raises. Delivery is at least once: a relay that dies between ``send``
+    and the ack, or a claim that lapses, sends the message again, so
+    ``send`` must be idempotent or the receiver must deduplicate (the job id
+    is a stable key: see ``JobHandle.job.id``).
+
+    Parameters
+    ----------
+    queue
+        The queue the messages live in; its ``opts`` give their visibility
+        timeout, ``max_attempts`` and backoff. Messages that exhaust their
+        attempts are dead letters (``Queue.dead_jobs``).
+    """
+
+    def __init__(self, queue: Queue) -> None:
+        self._queue = queue
+
+    def __repr__(self) -> str:
+        return f"<Outbox {self._queue.name!r}>"
+
+    @property
+    def queue(self) -> Queue:
+        """The queue holding the messages."""
+        return self._queue
+
+    def add(self, conn: Any, message: object, **options: Any) -> int:
+        """Write ``message`` inside the caller's open transaction on ``conn``.
+
+        Commit makes it visible and wakes relays; rollback leaves nothing
+        (SPEC §3 "Transactional enqueue"). alkstore never commits ``conn``.
+
+        Parameters
+        ----------
+        conn
+            The engine's driver connection inside a transaction
+            (``sqlite3.Connection`` on the store's file,
+            ``psycopg.Connection`` on its database).
+        message
+            A payload (SPEC §3 "Payload").
+        options
+            :meth:`Queue.enqueue`'s keywords (``delay``, ``priority``, ...).
+
+        Returns
+        -------
+        int
+            The message's id.
+
+        Raises
+        ------
+        StoreClosedError, ValidationError, EngineError
+            As :meth:`Queue.enqueue_tx`; a refused message aborts nothing.
+        """
+        return self._queue.enqueue_tx(conn, message, **options)
+
+    def relay_once(
+        self, send: Send, *, worker_id: str, batch_size: int = DEFAULT_RELAY_BATCH
+    ) -> int:
+        """Claim up to ``batch_size`` messages and ``send`` each in claim order.
+
+        The messages ``send`` returned for are acked with one
+        :meth:`Queue.ack_batch`; each one it raised for is retried with the
+        exception's text as ``last_error`` and the queue's backoff (dead at
+        its attempt budget). If sending takes longer than half a visibility
+        timeout, the acks so far are flushed and the rest of the batch is
+        heartbeaten, so a slow batch is not handed out twice.
+
+        Parameters
+        ----------
+        send
+            Called with each decoded message; raising means "not delivered".
+            ``BaseException``\\ s other than ``Exception`` (``KeyboardInterrupt``)
+            propagate; the unacked claims then lapse and are sent again.
+        worker_id
+            Recorded on the claims (1 to 255 characters).
+        batch_size
+            ``1 .. 10000``.
+
+        Returns
+        -------
+        int
+            How many messages ``send`` delivered in this call.
+
+        Raises
+        ------
+        StoreClosedError, ValidationError, EngineError
+        """
+        return self._relay_batch(send, worker_id, batch_size)[1]
+
+    def _relay_batch(self, send: Send, worker_id: str, batch_size: int) -> tuple[int, int]:
+        """Relay one batch; return (claimed, delivered)."""
+        batch_size = v.int_in_range(batch_size, "batch_size", 1, 10_000)
+        if not callable(send):
+            raise ValidationError("send must be callable")
+        handles = self._queue.claim_batch(worker_id, batch_size)
+        if not handles:
+            return 0, 0
+        delivered = 0
+        done: list[int] = []
+        refresh_s = min(handle.job.visibility_timeout_s for handle in handles) / 2
+        refresh_at = time.monotonic() + refresh_s
+        try:
+            for index, handle in enumerate(handles):
+                if time.monotonic() >= refresh_at:
+                    self._ack(done)
+                    done = []
+                    self._heartbeat(handles[index:])
+                    refresh_at = time.monotonic() + refresh_s
+                if self._send(send, handle):
+                    done.append(handle.id)
+                    delivered += 1
+        finally:
+            self._ack(done)
+        return len(handles), delivered
+
+    def _send(self, send: Send, handle: JobHandle) -> bool:
+        try:
+            send(handle.job.payload)
+        except Exception as exc:
+            retried = handle.retry(describe_exception(exc))
+            log.warning(
+                "outbox %r: sending message %d failed (attempt %d of %d)%s: %s",
+                self._queue.name,
+                handle.id,
+                handle.job.attempts,
+                handle.job.max_attempts,
+                "" if retried else ", and its claim had lapsed",
+                exc,
+            )
+            return False
+        return True
+
+    def _ack(self, ids: list[int]) -> None:
+        if ids and self._queue.ack_batch(ids) < len(ids):
+            log.warning(
+                "outbox %r: some delivered messages could not be acked (claims lapsed); "
+                "they will be sent again",
+                self._queue.name,
+            )
+
+    @staticmethod
+    def _heartbeat(handles: list[JobHandle]) -> None:
+        for handle in handles:
+            handle.heartbeat()
+
+    def relay(
+        self,
+        send: Send,
+        *,
+        worker_id: str,
+        batch_size: int = DEFAULT_RELAY_BATCH,
+        stop: threading.Event | None = None,
+        poll_interval_s: object = DEFAULT_RELAY_POLL_S,
+    ) -> int:
+        """Relay until ``stop`` is set: :meth:`relay_once` while messages are
+        ready, then wait for a wake (``Store.listen``) or ``poll_interval_s``.
+
+        Parameters
+        ----------
+        send, worker_id, batch_size
+            As :meth:`relay_once`.
+        stop
+            Set it from another thread to return after the current batch.
+        poll_interval_s
+            Seconds, ``> 0``: the longest wait between polls when no wake
+            arrives (SPEC §3 "Wake": wakes are hints).
+
+        Returns
+        -------
+        int
+            How many messages were delivered in all.
+
+        Raises
+        ------
+        StoreClosedError, ValidationError
+            ``EngineError`` from a claim is logged and retried after the
+            poll interval instead.
+        """
+        poll_s = v.duration_s(poll_interval_s, "poll_interval_s", positive=True)
+        v.worker_id(worker_id)
+        stop = stop or threading.Event()
+        total = 0
+        with self._queue.store.listen(self._queue.name) as subscription:
+            while not stop.is_set():
+                try:
+                    claimed, sent = self._relay_batch(send, worker_id, batch_size)
+                except ValidationError:
+                    raise
+                except Exception:
+                    if self._queue.store.closed:
+                        raise
+                    log.warning(
+                        "outbox %r: relay failed; retrying", self._queue.name, exc_info=True
+                    )
+                    stop.wait(poll_s)
+                    continue
+                total += sent
+                if claimed < batch_size:  # drained: wait for a wake, the poll or stop
+                    deadline = time.monotonic() + poll_s
+                    while not stop.is_set():
+                        left = deadline - time.monotonic()
+                        if left <= 0 or subscription.wait(min(left, _STOP_SLICE_S)):
+                            break
+        return total

@@ -1,0 +1,169 @@
+"""The :class:`Scheduler`: turns due schedule boundaries into jobs, exactly
+once per boundary however many processes tick (docs/schedules.md)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from alkstore import _validation as v
+from alkstore._codec import EncodedPayload
+from alkstore._cron import parse_schedule
+from alkstore._resolution import EnqueueOptions, resolve
+from alkstore.errors import ValidationError
+
+if TYPE_CHECKING:
+    from alkstore._schedule import Schedule
+    from alkstore._store import Store
+
+__all__ = ["DEFAULT_MISFIRE_GRACE_S", "DEFAULT_TICK_INTERVAL_S", "Scheduler"]
+
+log = logging.getLogger("alkstore.scheduler")
+
+#: How late a boundary may be noticed and still fire under ``catch_up="skip"``.
+DEFAULT_MISFIRE_GRACE_S = 60.0
+#: Seconds between ticks in :meth:`Scheduler.run` and in workers.
+DEFAULT_TICK_INTERVAL_S = 1.0
+
+
+class Scheduler:
+    """Enqueues the jobs of a store's schedules as their boundaries come due
+    (docs/schedules.md).
+
+    Any number of schedulers may tick one store at once, in any processes or
+    hosts: each boundary is fired by one conditional update of the schedule
+    row in the same transaction as its job's insert, so it enqueues exactly
+    one job (a durable per-boundary record, not leader election). Workers
+    tick by default; ``alkstore scheduler`` runs one alone.
+
+    Parameters
+    ----------
+    store
+        The store whose schedules to run.
+    misfire_grace_s
+        Seconds, ``>= 0`` (default 60): under ``catch_up="skip"``, a
+        boundary noticed later than this after it passed is skipped, not
+        fired. ``catch_up="latest"`` ignores it and fires the latest missed
+        boundary once, as APScheduler's ``coalesce`` does.
+
+    Raises
+    ------
+    ValidationError
+        For a ``misfire_grace_s`` outside its rule.
+    """
+
+    def __init__(self, store: Store, *, misfire_grace_s: object = DEFAULT_MISFIRE_GRACE_S) -> None:
+        self._store = store
+        self._grace = timedelta(seconds=v.duration_s(misfire_grace_s, "misfire_grace_s"))
+
+    def __repr__(self) -> str:
+        return f"<Scheduler of {self._store!r}>"
+
+    def tick(self) -> list[int]:
+        """Fire every schedule whose next boundary is due at the store's clock.
+
+        For each due schedule: its latest boundary at or before now is fired
+        (or, under ``catch_up="skip"`` and older than the grace, skipped) and
+        its ``next_run_at`` moves to the first boundary after now, so
+        boundaries missed during an outage fire at most once together. The
+        job is due at its boundary (``run_at``), so a late one sorts first.
+
+        Returns
+        -------
+        list[int]
+            The ids of the jobs this call enqueued, in firing order; ``[]``
+            when nothing was due or other ticks fired it first.
+
+        Raises
+        ------
+        StoreClosedError, EngineError
+        """
+        store = self._store
+        store._check_open()
+        now = store._now()
+        fired: list[int] = []
+        for schedule in store._list_schedules(now):
+            try:
+                spec = parse_schedule(schedule.spec, schedule.timezone)
+            except ValidationError:
+                # Only if the zone vanished from this host's tz database.
+                log.exception("schedule %r cannot be evaluated here; skipped", schedule.name)
+                continue
+            boundary = spec.latest_at_or_before(now) or schedule.next_run_at
+            boundary = max(boundary, schedule.next_run_at)
+            next_run_at = spec.next_after(now)
+            if schedule.catch_up == "skip" and now - boundary > self._grace:
+                if store._skip_schedule(schedule, next_run_at):
+                    log.info(
+                        "schedule %r: boundary %s missed by more than %s, skipped",
+                        schedule.name,
+                        boundary.isoformat(),
+                        self._grace,
+                    )
+                continue
+            job_id = self._fire(schedule, now, boundary, next_run_at)
+            if job_id is not None:
+                fired.append(job_id)
+        return fired
+
+    def _fire(
+        self, schedule: Schedule, now: datetime, boundary: datetime, next_run_at: datetime
+    ) -> int | None:
+        store = self._store
+        resolved = resolve(
+            now,
+            schedule.queue_opts,
+            EnqueueOptions(
+                run_at=boundary,
+                priority=schedule.priority,
+                max_attempts=schedule.max_attempts,
+                expires_s=schedule.expires_s,
+            ),
+        )
+        job_id = store._fire_schedule(
+            schedule,
+            boundary,
+            next_run_at,
+            resolved,
+            EncodedPayload(schedule.payload_bytes, schedule.content_type),
+        )
+        if job_id is not None:
+            log.info(
+                "schedule %r fired boundary %s: job %d in queue %r",
+                schedule.name,
+                boundary,
+                job_id,
+                schedule.queue,
+            )
+        return job_id
+
+    def run(
+        self,
+        *,
+        interval_s: object = DEFAULT_TICK_INTERVAL_S,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """Tick every ``interval_s`` seconds (``> 0``, default 1) until
+        ``stop`` is set; a failed tick is logged and retried next interval.
+
+        Raises
+        ------
+        ValidationError
+            For an ``interval_s`` outside its rule.
+        StoreClosedError
+            When the store is closed.
+        """
+        interval = v.duration_s(interval_s, "interval_s", positive=True)
+        stop = stop or threading.Event()
+        while not stop.is_set():
+            try:
+                self.tick()
+            except ValidationError:
+                raise
+            except Exception as exc:
+                if self._store.closed:
+                    raise
+                log.warning("scheduler tick failed: %s; retrying", exc, exc_info=True)
+            stop.wait(interval)

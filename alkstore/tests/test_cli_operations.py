@@ -1,0 +1,503 @@
+"""The operations commands of ``alkstore`` (pause, resume, dead, schedule,
+schedules, unschedule, scheduler, and stats/job over every queue), run in
+subprocesses on SQLite files (docs/command.md, docs/operations.md,
+docs/schedules.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+from test_cli import JOBS, WAIT_S, command, ok, one_line_error
+
+import alkstore
+from alkstore_contract_tests._clock import ManualClock
+
+#: When :func:`bury` makes its dead letters: long enough ago that
+#: ``dead purge --older-than 86400`` (real clock) reaches them.
+LONG_AGO = datetime(2024, 1, 1, tzinfo=UTC)
+LONG_AGO_ISO = "2024-01-01T00:00:00+00:00"
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A folder holding test_cli's ``jobs.py`` (tasks ``send`` and ``slow``
+    on the queue ``mail``): the current directory of each command."""
+    (tmp_path / "jobs.py").write_text(JOBS)
+    return tmp_path
+
+
+@pytest.fixture
+def url(project: Path) -> str:
+    return f"sqlite:///{project / 'jobs.db'}"
+
+
+def run(
+    project: Path, url: str, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m alkstore --url URL ARGS`` in ``project``, with ``stdin``."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
+    return subprocess.run(
+        [sys.executable, "-m", "alkstore", "--url", url, *args],
+        check=False,
+        cwd=project,
+        env=environ,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+    )
+
+
+def bury(
+    url: str, queue: str, errors: Sequence[str | None], *, at: datetime | None = LONG_AGO
+) -> list[int]:
+    """Make one dead job per error in ``queue`` (enqueued, claimed by ``w``,
+    failed with that error) at the instant ``at`` (``None``: now); return
+    their ids in order. Payloads are ``{"n": index}``."""
+    clock = None if at is None else ManualClock(at)
+    with alkstore.open(url, clock=clock) as store:
+        handle = store.queue(queue)
+        ids = [handle.enqueue({"n": n}) for n in range(len(errors))]
+        claimed = {h.id: h for h in handle.claim_batch("w", len(errors))}
+        assert sorted(claimed) == ids
+        for job_id, error in zip(ids, errors, strict=True):
+            assert claimed[job_id].fail(error)
+    return ids
+
+
+def read(url: str) -> alkstore.Store:
+    return alkstore.open(url, migrate=False)
+
+
+# -- pause, resume -------------------------------------------------------------
+
+
+def test_pause_and_resume_print_the_change_and_gate_the_worker(project: Path, url: str) -> None:
+    assert ok(run(project, url, "pause", "mail")) == "queue mail paused\n"
+    assert ok(run(project, url, "pause", "mail")) == "queue mail was paused\n"
+    job_id = int(ok(run(project, url, "enqueue", "mail", '{"task": "send", "args": ["ada"]}')))
+
+    ok(run(project, url, "worker", "jobs:app", "--burst"))
+    assert not (project / "sent-ada").exists()
+    with read(url) as store:
+        mail = store.queue("mail")
+        assert mail.is_paused() is True
+        assert tuple(mail.stats()) == (1, 0, 0, 0)
+        job = mail.get_job(job_id)
+        assert job is not None
+        assert (job.state, job.attempts, job.worker_id) == ("pending", 0, None)
+
+    assert ok(run(project, url, "resume", "mail")) == "queue mail resumed\n"
+    assert ok(run(project, url, "resume", "mail")) == "queue mail was not paused\n"
+    ok(run(project, url, "worker", "jobs:app", "--burst"))
+    assert (project / "sent-ada").read_text() == "ada"
+    with read(url) as store:
+        assert store.queue("mail").is_paused() is False
+        assert tuple(store.queue("mail").stats()) == (0, 0, 0, 0)
+
+
+def test_pause_refuses_a_bad_queue_name(project: Path, url: str) -> None:
+    line = one_line_error(run(project, url, "pause", "bad name"))
+    assert line == (
+        "Error: queue name 'bad name' may only hold letters, digits and '_.:-' (ValidationError)"
+    )
+
+
+# -- dead list -----------------------------------------------------------------
+
+
+def test_dead_list_prints_a_table_and_pages(project: Path, url: str) -> None:
+    first, second, third = bury(url, "mail", ["boom\n  File x, line 1", None, "x" * 100])
+    out = ok(run(project, url, "dead", "list", "mail"))
+    lines = out.splitlines()
+    assert len(lines) == 4
+    header = lines[0]
+    assert header.split() == ["id", "died_at", "attempts", "last_error"]
+    assert [line.split() for line in lines[1:]] == [
+        [str(first), LONG_AGO_ISO, "1/5", "boom"],  # the first line only
+        [str(second), LONG_AGO_ISO, "1/5", "failed"],  # SPEC §3: fail(None)
+        [str(third), LONG_AGO_ISO, "1/5", "x" * 80],  # cut at 80 characters
+    ]
+    for line in lines[1:]:  # the columns line up under the header
+        assert line.index(LONG_AGO_ISO) == header.index("died_at")
+        assert line.index("1/5") == header.index("attempts")
+    assert lines[3].index("x") == header.index("last_error")
+
+    page = ok(run(project, url, "dead", "list", "mail", "--limit", "2")).splitlines()
+    assert [line.split()[0] for line in page[1:3]] == [str(first), str(second)]
+    assert page[3:] == [f"(more may follow: --after {second})"]
+    rest = ok(run(project, url, "dead", "list", "mail", "--limit", "2", "--after", str(second)))
+    assert [line.split()[0] for line in rest.splitlines()[1:]] == [str(third)]
+    assert "more may follow" not in rest
+    assert ok(run(project, url, "dead", "list", "mail", "--after", str(third))) == (
+        "no dead jobs in queue mail\n"
+    )
+    assert ok(run(project, url, "dead", "list", "other")) == "no dead jobs in queue other\n"
+
+
+def test_dead_list_json_is_one_object_per_line(project: Path, url: str) -> None:
+    first, second, third = bury(url, "mail", ["boom\nsecond line", None, "last"])
+    out = ok(run(project, url, "dead", "list", "mail", "--json", "--after", str(first)))
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [row["id"] for row in rows] == [second, third]
+    assert rows[0] == {
+        "id": second,
+        "queue": "mail",
+        "state": "dead",
+        "payload": {"n": 1},
+        "content_type": "application/json",
+        "priority": 0,
+        "run_at": LONG_AGO_ISO,
+        "expires_at": None,
+        "enqueued_at": LONG_AGO_ISO,
+        "attempts": 1,
+        "max_attempts": 5,
+        "visibility_timeout_s": 30,
+        "backoff_base_s": 4,
+        "backoff_cap_s": 3600,
+        "worker_id": "w",
+        "claim_deadline": "2024-01-01T00:00:30+00:00",
+        "last_error": "failed",  # fail(None), SPEC §3
+        "died_at": LONG_AGO_ISO,
+    }
+    assert rows[1]["last_error"] == "last"
+    everything = ok(run(project, url, "dead", "list", "mail", "--json", "--limit", "1"))
+    assert [json.loads(line)["last_error"] for line in everything.splitlines()] == [
+        "boom\nsecond line"  # whole, not cut
+    ]
+    assert ok(run(project, url, "dead", "list", "other", "--json")) == ""
+
+
+def test_dead_list_never_creates_a_database(project: Path) -> None:
+    line = one_line_error(run(project, "sqlite:///typo.db", "dead", "list", "mail"))
+    assert "SchemaVersionError" in line
+    assert not (project / "typo.db").exists()
+
+
+# -- dead requeue --------------------------------------------------------------
+
+
+def test_dead_requeue_by_id_with_a_delay(project: Path, url: str) -> None:
+    first, second, third = bury(url, "mail", ["boom", "bang", "pow"])
+    before = datetime.now(UTC)
+    result = run(project, url, "dead", "requeue", "mail", str(first), "--delay", "60")
+    after = datetime.now(UTC)
+    assert ok(result) == "1 job(s) requeued\n"
+    assert result.stderr == ""
+    with read(url) as store:
+        mail = store.queue("mail")
+        job = mail.get_job(first)
+        assert job is not None
+        assert (job.state, job.attempts, job.worker_id, job.claim_deadline, job.died_at) == (
+            "pending",
+            0,
+            None,
+            None,
+            None,
+        )
+        assert job.last_error == "boom"  # kept for the record
+        assert job.payload == {"n": 0}
+        assert before + timedelta(seconds=60) <= job.run_at <= after + timedelta(seconds=60)
+        assert tuple(mail.stats()) == (0, 1, 0, 2)
+        assert [dead.id for dead in mail.dead_jobs()] == [second, third]
+
+
+def test_dead_requeue_of_an_unknown_id_exits_1(project: Path, url: str) -> None:
+    first, second = bury(url, "mail", ["boom", "bang"])
+    ok(run(project, url, "dead", "requeue", "mail", str(first)))
+    # first is live now, 999 never existed, second is requeued.
+    result = run(project, url, "dead", "requeue", "mail", str(first), "999", str(second))
+    assert result.returncode == 1
+    assert result.stdout == "1 job(s) requeued\n"
+    assert result.stderr.splitlines() == [
+        f"job {first} is not a dead job of queue mail",
+        "job 999 is not a dead job of queue mail",
+    ]
+    # A dead job of another queue is not this queue's.
+    (elsewhere,) = bury(url, "other", ["x"])
+    result = run(project, url, "dead", "requeue", "mail", str(elsewhere))
+    assert result.returncode == 1
+    assert result.stderr == f"job {elsewhere} is not a dead job of queue mail\n"
+    with read(url) as store:
+        assert tuple(store.queue("mail").stats()) == (2, 0, 0, 0)
+        assert [job.id for job in store.queue("other").dead_jobs()] == [elsewhere]
+
+
+def test_dead_requeue_all(project: Path, url: str) -> None:
+    ids = bury(url, "mail", ["a", "b", "c"])
+    (other,) = bury(url, "other", ["d"])
+    assert ok(run(project, url, "dead", "requeue", "mail", "--all")) == "3 job(s) requeued\n"
+    assert ok(run(project, url, "dead", "requeue", "mail", "--all")) == "0 job(s) requeued\n"
+    with read(url) as store:
+        mail = store.queue("mail")
+        assert tuple(mail.stats()) == (3, 0, 0, 0)
+        assert [job.attempts for job in map(mail.get_job, ids) if job is not None] == [0, 0, 0]
+        assert [job.id for job in store.queue("other").dead_jobs()] == [other]
+    # ...and the worker runs them again (they are not task payloads: dead again).
+    ok(run(project, url, "worker", "jobs:app", "--burst"))
+    assert ok(run(project, url, "stats", "-q", "mail")).splitlines()[1].split() == [
+        "mail",
+        "0",
+        "0",
+        "0",
+        "3",
+    ]
+
+
+@pytest.mark.parametrize("args", [(), ("1", "--all")])
+def test_dead_requeue_needs_ids_or_all_not_both(
+    project: Path, url: str, args: tuple[str, ...]
+) -> None:
+    line = one_line_error(run(project, url, "dead", "requeue", "mail", *args))
+    assert line == "Error: give the dead job ids to requeue, or --all (not both)"
+
+
+# -- dead purge ----------------------------------------------------------------
+
+
+def test_dead_purge_older_than_then_all(project: Path, url: str) -> None:
+    old = bury(url, "mail", ["old 1", "old 2"])
+    (recent,) = bury(url, "mail", ["recent"], at=None)
+    (other,) = bury(url, "other", ["elsewhere"])
+    assert ok(run(project, url, "dead", "purge", "mail", "--older-than", "86400")) == (
+        "2 dead job(s) purged\n"
+    )
+    with read(url) as store:
+        assert [job.id for job in store.queue("mail").dead_jobs()] == [recent]
+        assert all(store.queue("mail").get_job(job_id) is None for job_id in old)
+
+    answered_no = run(project, url, "dead", "purge", "mail", stdin="n\n")
+    assert answered_no.returncode == 1
+    assert answered_no.stdout == "delete every dead job of queue mail? [y/N]: "
+    assert answered_no.stderr.strip() == "Aborted!"
+    with read(url) as store:
+        assert [job.id for job in store.queue("mail").dead_jobs()] == [recent]
+
+    assert ok(run(project, url, "dead", "purge", "mail", "--yes")) == "1 dead job(s) purged\n"
+    assert ok(run(project, url, "dead", "purge", "mail", "--yes")) == "0 dead job(s) purged\n"
+    with read(url) as store:
+        assert store.queue("mail").dead_jobs() == []
+        assert [job.id for job in store.queue("other").dead_jobs()] == [other]
+
+
+def test_dead_purge_answered_yes(project: Path, url: str) -> None:
+    bury(url, "mail", ["a", "b"])
+    result = run(project, url, "dead", "purge", "mail", stdin="y\n")
+    assert ok(result) == "delete every dead job of queue mail? [y/N]: 2 dead job(s) purged\n"
+
+
+# -- stats and job over every queue --------------------------------------------
+
+
+def test_stats_without_queues_lists_every_queue_of_the_store(project: Path, url: str) -> None:
+    ok(run(project, url, "migrate"))
+    assert one_line_error(run(project, url, "stats")) == "Error: the store has no queues yet"
+    with alkstore.open(url) as store:
+        now = store.queue("a.now")
+        now.enqueue(1)
+        now.enqueue(2)
+        assert len(now.claim_batch("w", 1)) == 1
+        store.queue("b.later").enqueue(3, delay=3600)
+        store.queue("d.paused").pause()
+    (dead,) = bury(url, "c.dead", ["gone"])
+    assert ok(run(project, url, "stats")).splitlines() == [
+        "queue     pending  scheduled  processing  dead",
+        "a.now           1          0           1     0",
+        "b.later         0          1           0     0",
+        "c.dead          0          0           0     1",
+        "d.paused        0          0           0     0",
+    ]
+    shown = json.loads(ok(run(project, url, "job", str(dead), "--json")))
+    assert (shown["queue"], shown["state"], shown["last_error"]) == ("c.dead", "dead", "gone")
+    assert one_line_error(run(project, url, "job", "999")) == (
+        "Error: no job 999 in queue(s) a.now, b.later, c.dead, d.paused"
+    )
+
+
+# -- schedules -----------------------------------------------------------------
+
+
+def test_schedule_schedules_unschedule_round_trip(project: Path, url: str) -> None:
+    saved = run(
+        project,
+        url,
+        "schedule",
+        "nightly",
+        "30 14 * * *",
+        "reports",
+        '{"task": "report", "args": [1]}',
+        "--timezone",
+        "America/New_York",
+        "--catch-up",
+        "skip",
+        "--priority",
+        "3",
+        "--max-attempts",
+        "2",
+        "--expires",
+        "600",
+    )
+    with read(url) as store:
+        (stored,) = store.schedules()
+    assert ok(saved) == f"schedule nightly: next run at {stored.next_run_at.isoformat()}\n"
+    assert stored.next_run_at.microsecond == 0
+    local = stored.next_run_at.astimezone(ZoneInfo("America/New_York"))
+    assert (local.hour, local.minute, local.second) == (14, 30, 0)
+    assert timedelta(0) < stored.next_run_at - stored.created_at <= timedelta(days=1)
+
+    lines = ok(run(project, url, "schedules")).splitlines()
+    assert len(lines) == 2
+    header, row = lines
+    assert header.split() == [
+        "name",
+        "spec",
+        "timezone",
+        "queue",
+        "next_run_at",
+        "last_run_at",
+        "last_job",
+    ]
+    assert row.split() == [
+        "nightly",
+        "30",
+        "14",
+        "*",
+        "*",
+        "*",
+        "America/New_York",
+        "reports",
+        stored.next_run_at.isoformat(),
+        "-",
+        "-",
+    ]
+    assert row.index("30 14 * * *") == header.index("spec")
+    assert row.index("America/") == header.index("timezone")
+    assert row.index("reports") == header.index("queue")
+
+    as_json = json.loads(ok(run(project, url, "schedules", "--json")))
+    assert as_json == {
+        "name": "nightly",
+        "spec": "30 14 * * *",
+        "timezone": "America/New_York",
+        "queue": "reports",
+        "payload": {"task": "report", "args": [1]},
+        "content_type": "application/json",
+        "priority": 3,
+        "max_attempts": 2,
+        "expires_s": 600,
+        "queue_opts": {
+            "visibility_timeout_s": 30,
+            "max_attempts": 5,
+            "priority": 0,
+            "backoff_base_s": 4,
+            "backoff_cap_s": 3600,
+            "expires_s": None,
+            "dead_letter_retention_s": None,
+        },
+        "catch_up": "skip",
+        "revision": 1,
+        "created_at": stored.created_at.isoformat(),
+        "next_run_at": stored.next_run_at.isoformat(),
+        "last_run_at": None,
+        "last_job_id": None,
+    }
+
+    # Saving the name again replaces it, with defaults for what is not given.
+    ok(run(project, url, "schedule", "nightly", "@every 1h", "reports", "2"))
+    replaced = json.loads(ok(run(project, url, "schedules", "--json")))
+    assert (replaced["spec"], replaced["timezone"], replaced["revision"]) == ("@every 1h", "UTC", 2)
+    assert (replaced["payload"], replaced["priority"], replaced["catch_up"]) == (2, None, "latest")
+    next_run_at = datetime.fromisoformat(replaced["next_run_at"])
+    assert (next_run_at.minute, next_run_at.second, next_run_at.microsecond) == (0, 0, 0)
+
+    assert ok(run(project, url, "unschedule", "nightly")) == "schedule nightly deleted\n"
+    assert one_line_error(run(project, url, "unschedule", "nightly")) == (
+        "Error: no schedule nightly"
+    )
+    assert ok(run(project, url, "schedules")) == "no schedules\n"
+    assert ok(run(project, url, "schedules", "--json")) == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("x", "61 * * * *", "q", "1"),
+            "Error: invalid cron expression '61 * * * *': ",
+        ),
+        (
+            ("x", "* * * *", "q", "1"),
+            "Error: invalid cron expression '* * * *': expected 5 fields "
+            "(minute hour day-of-month month day-of-week), got 4 (ValidationError)",
+        ),
+        (("x", "@every 0s", "q", "1"), "Error: schedule '@every 0s': @every duration '0s'"),
+        (
+            ("x", "@daily", "q", "1", "--timezone", "Mars/Olympus"),
+            "Error: unknown time zone 'Mars/Olympus' (ValidationError)",
+        ),
+        (("bad name", "@daily", "q", "1"), "Error: schedule name 'bad name'"),
+        (("x", "@daily", "bad queue", "1"), "Error: queue name 'bad queue'"),
+        (("x", "@daily", "q", "{nope"), "Error: JSON is not valid JSON: "),
+    ],
+    ids=["cron-field", "cron-arity", "every-0s", "zone", "name", "queue", "json"],
+)
+def test_a_bad_schedule_is_one_line_and_writes_nothing(
+    project: Path, url: str, args: tuple[str, ...], message: str
+) -> None:
+    alkstore.open(url).close()  # the schema
+    line = one_line_error(run(project, url, "schedule", *args))
+    assert line.startswith(message)
+    if "JSON" not in message:
+        assert line.endswith("(ValidationError)")
+    with read(url) as store:
+        assert store.schedules() == []
+
+
+def test_scheduler_fires_a_schedule_then_exits_0_on_sigterm(project: Path) -> None:
+    """On the default store, ``sqlite:///alkstore.db`` in the current directory."""
+    ok(command(project, "schedule", "ticker", "@every 1s", "ticks", '{"n": 1}'))
+    url = f"sqlite:///{project / 'alkstore.db'}"
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "alkstore", "scheduler", "--interval", "0.1"],
+        cwd=project,
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        with read(url) as store:
+            deadline = time.monotonic() + WAIT_S
+            while store.queue("ticks").stats().pending == 0:
+                assert process.poll() is None, process.communicate()
+                assert time.monotonic() < deadline, "the scheduler fired nothing"
+                time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=WAIT_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, stderr
+    assert "scheduler on sqlite:///alkstore.db, ticking every 0.1 s" in stderr
+    assert "schedule 'ticker' fired boundary" in stderr
+    with read(url) as store:
+        (ticker,) = store.schedules()
+        assert ticker.last_job_id is not None
+        assert ticker.last_run_at is not None
+        job = store.queue("ticks").get_job(ticker.last_job_id)
+        assert job is not None
+        assert (job.payload, job.state, job.run_at) == ({"n": 1}, "pending", ticker.last_run_at)
+        assert ticker.last_run_at.microsecond == 0  # a whole-second boundary
+        assert ticker.next_run_at == ticker.last_run_at + timedelta(seconds=1)
