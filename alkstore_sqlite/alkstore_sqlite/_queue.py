@@ -1,5 +1,6 @@
 """The SQLite :class:`~alkstore.Queue`: enqueue, claim and the queue-wide
-operations (SPEC §3)."""
+operations (SPEC §3); the operator's (pause, dead letters) are in
+:mod:`alkstore_sqlite._operations`."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import json
 import os
 import sqlite3
 from collections.abc import Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from alkstore import Job, JobHandle, Queue, QueueOpts, QueueStats, SweepResult
 from alkstore.engine import EXPIRED, MAX_ATTEMPTS_EXCEEDED, EncodedPayload, Resolved
 from alkstore.errors import ValidationError
+from alkstore_sqlite import _operations
 from alkstore_sqlite._connection import engine_error, run_in_transaction
 from alkstore_sqlite._handle import SqliteJobHandle
 from alkstore_sqlite._rows import (
@@ -28,7 +31,7 @@ from alkstore_sqlite._wake import notify
 if TYPE_CHECKING:
     from alkstore_sqlite._store import SqliteStore
 
-__all__ = ["SqliteQueue"]
+__all__ = ["SqliteQueue", "insert_one", "job_row"]
 
 # SQLite integers are signed 64-bit; a larger id cannot exist and would not
 # even bind as a parameter.
@@ -95,17 +98,25 @@ _RECLAIMABLE = (
     f"AND attempts < max_attempts AND {_NOT_EXPIRED_NOW}"
 )
 
+#: A paused queue's claims hand out nothing and write nothing, so every
+#: statement of the claim that could write tests this first: one primary-key
+#: probe of the small queues table, evaluated once per statement.
+_PAUSED = "EXISTS (SELECT 1 FROM _alkstore_queues WHERE name = :queue AND paused = 1)"
+_PAUSED_NOW = f"SELECT {_PAUSED}"
+
 #: What :data:`LOOK` answers.
 NOTHING, DUE, RECLAIMABLE, BOTH, MOVES = 0, 1, 2, 3, 4
 
 # A claim first looks in a read snapshot, which takes no lock: an empty poll
 # never queues for the write lock, and a claim never waits behind another
 # connection's open write transaction only to find nothing. The answer also
-# picks the cheapest statement that can do the claim. The probes for moves
-# come first and short-circuit, so the walks only run when nothing needs
-# moving, and then stop at their first row.
+# picks the cheapest statement that can do the claim. A paused queue has
+# nothing to hand out. The probes for moves come next and short-circuit, so
+# the walks only run when nothing needs moving, and then stop at their first
+# row.
 LOOK = f"""
     SELECT CASE
+        WHEN {_PAUSED} THEN {NOTHING}
         WHEN EXISTS (SELECT 1 FROM _alkstore_jobs WHERE {_CAME_DUE})
           OR EXISTS (SELECT 1 FROM _alkstore_jobs WHERE {_LAPSED})
           OR EXISTS (SELECT 1 FROM _alkstore_jobs WHERE {_NEWLY_EXPIRED})
@@ -127,13 +138,15 @@ _CLAIM_SET = """
 # microsecond so that a claim never starts out lapsed. Each statement
 # re-selects under the write lock, so rows that others took since the look
 # are skipped: a single statement is atomic, and no row is handed out twice.
+# For the same reason each tests the pause again: a pause that committed
+# since the look stops it.
 
 #: The common claim: only pending rows are eligible. The walk of the pending
 #: index in claim order stops after n rows; no sort, no temporary table
 #: beyond the n ids.
 CLAIM_DUE = f"""
     {_CLAIM_SET}
-    WHERE id IN (
+    WHERE NOT {_PAUSED} AND id IN (
         SELECT id FROM _alkstore_jobs WHERE {_DUE}
         ORDER BY priority DESC, run_at, id
         LIMIT :n)
@@ -142,7 +155,7 @@ CLAIM_DUE = f"""
 #: ``CLAIM_DUE`` for one row: a scalar subquery needs no temporary table.
 CLAIM_DUE_ONE = f"""
     {_CLAIM_SET}
-    WHERE id = (
+    WHERE NOT {_PAUSED} AND id = (
         SELECT id FROM _alkstore_jobs WHERE {_DUE}
         ORDER BY priority DESC, run_at, id
         LIMIT 1)
@@ -154,7 +167,7 @@ CLAIM_DUE_ONE = f"""
 #: only when a reclaim is possible.
 CLAIM_ANY = f"""
     {_CLAIM_SET}
-    WHERE id IN (
+    WHERE NOT {_PAUSED} AND id IN (
         SELECT id FROM (
             SELECT id, priority, run_at FROM (
                 SELECT id, priority, run_at FROM _alkstore_jobs WHERE {_DUE}
@@ -226,6 +239,27 @@ _STATS = """
 """
 
 
+def job_row(queue: str, resolved: Resolved, payload: EncodedPayload) -> tuple[Any, ...]:
+    """The values of the job insert (:func:`insert_one`) for one new job of
+    ``queue``, as ``Queue._insert`` stamps it."""
+    expires_at = resolved.expires_at
+    return (
+        queue,
+        # The claim's walk never sees a row that is not due yet.
+        "scheduled" if resolved.run_at > resolved.enqueued_at else "pending",
+        payload.data,
+        payload.content_type,
+        resolved.priority,
+        to_us(resolved.run_at),
+        None if expires_at is None else to_us(expires_at),
+        to_us(resolved.enqueued_at),
+        resolved.max_attempts,
+        resolved.visibility_timeout_s,
+        resolved.backoff_base_s,
+        resolved.backoff_cap_s,
+    )
+
+
 def _claim_order(row: Sequence[Any]) -> tuple[int, int, int]:
     # priority DESC, run_at ASC, id ASC over LIVE_COLUMNS positions.
     return (-row[5], row[6], row[0])
@@ -245,30 +279,12 @@ class SqliteQueue(Queue):
 
     # -- enqueue -------------------------------------------------------------
 
-    def _row(self, resolved: Resolved, payload: EncodedPayload) -> tuple[Any, ...]:
-        expires_at = resolved.expires_at
-        return (
-            self._name,
-            # The claim's walk never sees a row that is not due yet.
-            "scheduled" if resolved.run_at > resolved.enqueued_at else "pending",
-            payload.data,
-            payload.content_type,
-            resolved.priority,
-            to_us(resolved.run_at),
-            None if expires_at is None else to_us(expires_at),
-            to_us(resolved.enqueued_at),
-            resolved.max_attempts,
-            resolved.visibility_timeout_s,
-            resolved.backoff_base_s,
-            resolved.backoff_cap_s,
-        )
-
     def _insert(self, resolved: Resolved, payloads: Sequence[EncodedPayload]) -> list[int]:
         pool = self._store._pool
         if len(payloads) == 1:
-            ids = [pool.run(_insert_one, self._row(resolved, payloads[0]))]
+            ids = [pool.run(insert_one, job_row(self._name, resolved, payloads[0]))]
         else:
-            first = self._row(resolved, payloads[0])
+            first = job_row(self._name, resolved, payloads[0])
             rows = [(*first[:2], p.data, p.content_type, *first[4:]) for p in payloads]
             ids = pool.transaction(_insert_many, rows)
         # With the last id, so the file watcher recognises the commit as
@@ -281,7 +297,7 @@ class SqliteQueue(Queue):
         # One statement is atomic: if it fails, the caller's transaction is
         # left as it was.
         try:
-            job_id = cursor.execute(_INSERT, self._row(resolved, payload)).lastrowid
+            job_id = cursor.execute(_INSERT, job_row(self._name, resolved, payload)).lastrowid
         except sqlite3.Error as error:
             raise engine_error(error) from error
         assert job_id is not None
@@ -367,12 +383,30 @@ class SqliteQueue(Queue):
         assert row is not None
         return QueueStats(*row)
 
+    # -- the operator's (_operations) ----------------------------------------
+
+    def _set_paused(self, paused: bool) -> bool:
+        return _operations.set_paused(self, paused)
+
+    def _is_paused(self) -> bool:
+        return _operations.is_paused(self)
+
+    def _dead_jobs(self, limit: int, after_id: int | None) -> list[Job]:
+        return _operations.dead_jobs(self, limit, after_id)
+
+    def _requeue(self, job_id: int, now: datetime, run_at: datetime) -> bool:
+        return _operations.requeue(self, job_id, now, run_at)
+
+    def _purge_dead(self, cutoff: datetime | None) -> int:
+        return _operations.purge_dead(self, cutoff)
+
 
 # -- operations run on a borrowed connection ---------------------------------
 
 
-def _insert_one(conn: sqlite3.Connection, row: tuple[Any, ...]) -> int:
-    # A single INSERT is its own transaction.
+def insert_one(conn: sqlite3.Connection, row: tuple[Any, ...]) -> int:
+    """Insert the job of :func:`job_row`; return its id. On an autocommit
+    connection the one statement is its own transaction."""
     job_id = conn.execute(_INSERT, row).lastrowid
     assert job_id is not None
     return job_id
@@ -404,6 +438,9 @@ def _claim_rows(conn: sqlite3.Connection, params: dict[str, Any]) -> list[Any]:
 
 
 def _move_and_claim(conn: sqlite3.Connection, params: dict[str, Any]) -> list[Any]:
+    # Paused since the look: no dead-lettering, no moves, no claim.
+    if conn.execute(_PAUSED_NOW, params).fetchone()[0]:
+        return []
     if conn.execute(_BURY_EXHAUSTED, params).rowcount:
         conn.execute(_DELETE_EXHAUSTED, params)
     for sql in _MOVES:

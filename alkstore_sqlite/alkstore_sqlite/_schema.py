@@ -14,6 +14,22 @@ application's own tables in the same file:
     Dead letters, keyed by the job's own id.
 ``_alkstore_meta``
     ``schema_version``.
+``_alkstore_queues``
+    One row per queue ever paused: ``paused`` is 1 while it is paused
+    (:mod:`alkstore_sqlite._operations`). The claim looks its queue up by
+    primary key.
+``_alkstore_wakes``
+    The cross-process wake record of the operations that make work
+    claimable without a new job id: ``resume`` and ``requeue``. One row
+    per queue, replaced by each such operation, so its ``AUTOINCREMENT`` id
+    grows in commit order as job ids do (:mod:`alkstore_sqlite._wake`).
+    Enqueues never write it.
+``_alkstore_schedules``
+    Named schedules (:mod:`alkstore_sqlite._schedules`), found by name or
+    in ``next_run_at`` order.
+``_alkstore_maintenance``
+    Per maintenance task, when the next turn may be taken
+    (:mod:`alkstore_sqlite._maintenance`).
 
 A live row's ``state`` is engine-private and finer than the public one
 (SPEC's ``pending``/``processing``). Each value keeps the row in the one
@@ -60,7 +76,7 @@ from alkstore.engine import check_schema_version
 __all__ = ["SCHEMA_VERSION", "migrate", "read_version"]
 
 #: The newest schema version this code knows.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _VERSION_KEY = "schema_version"
 
@@ -232,6 +248,58 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         CREATE INDEX _alkstore_jobs_expiry
             ON _alkstore_jobs (queue, state, expires_at)
             WHERE expires_at IS NOT NULL
+        """,
+    ),
+    # Version 3: pause, requeue, schedules and maintenance turns. New tables
+    # and one index on the dead table; the live table is left as it was, so
+    # no enqueue writes more than before. Queue listing walks the indexes
+    # that lead with the queue name: the live table's partial indexes
+    # together cover every state (an 'expired' row always has an
+    # expires_at), the dead table's, and the paused queues'.
+    (
+        """
+        CREATE TABLE _alkstore_queues (
+            name   TEXT    PRIMARY KEY,
+            paused INTEGER NOT NULL CHECK (paused = 0 OR paused = 1)
+        ) WITHOUT ROWID
+        """,
+        # Queue listing: the paused ones, without walking resumed ones.
+        "CREATE INDEX _alkstore_queues_paused ON _alkstore_queues (name) WHERE paused = 1",
+        """
+        CREATE TABLE _alkstore_wakes (
+            id    INTEGER PRIMARY KEY AUTOINCREMENT,
+            queue TEXT    NOT NULL UNIQUE
+        )
+        """,
+        # A dead-letter page (queue = ? AND id > ? ORDER BY id): an index
+        # entry ends with the rowid, which is the job id.
+        "CREATE INDEX _alkstore_dead_queue ON _alkstore_dead (queue)",
+        """
+        CREATE TABLE _alkstore_schedules (
+            name          TEXT    PRIMARY KEY,
+            spec          TEXT    NOT NULL,
+            timezone      TEXT    NOT NULL,
+            queue         TEXT    NOT NULL,
+            content_type  TEXT    NOT NULL,
+            options       TEXT    NOT NULL,
+            revision      INTEGER NOT NULL,
+            created_at    INTEGER NOT NULL,
+            next_run_at   INTEGER NOT NULL,
+            last_run_at   INTEGER,
+            last_job_id   INTEGER,
+            payload_bytes BLOB    NOT NULL
+        )
+        """,
+        # A tick's due schedules, in the order it fires them.
+        """
+        CREATE INDEX _alkstore_schedules_due
+            ON _alkstore_schedules (next_run_at, name)
+        """,
+        """
+        CREATE TABLE _alkstore_maintenance (
+            task        TEXT    PRIMARY KEY,
+            next_run_at INTEGER NOT NULL
+        ) WITHOUT ROWID
         """,
     ),
 )

@@ -5,13 +5,23 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+from contextlib import AbstractContextManager
+from datetime import datetime
 from typing import Any
 
 from alkstore import QueueOpts, Store
-from alkstore.engine import check_engine_options, check_schema_version, duration_s
+from alkstore._schedule import Schedule
+from alkstore.engine import (
+    EncodedPayload,
+    Resolved,
+    check_engine_options,
+    check_schema_version,
+    duration_s,
+)
 from alkstore.errors import SchemaVersionError, ValidationError
-from alkstore_sqlite import _schema
+from alkstore_sqlite import _operations, _schedules, _schema
 from alkstore_sqlite._connection import SYNCHRONOUS, ConnectionPool
+from alkstore_sqlite._maintenance import maintenance_turn
 from alkstore_sqlite._queue import SqliteQueue
 from alkstore_sqlite._rows import to_us
 from alkstore_sqlite._subscription import SqliteSubscription
@@ -155,6 +165,45 @@ class SqliteStore(Store):
         for subscription in subscriptions:
             subscription.close()
         self._pool.close()
+
+    # -- operations, schedules and maintenance turns (docs/operations.md,
+    # docs/schedules.md); the SQL is in _operations, _schedules and
+    # _maintenance.
+
+    def _queue_names(self) -> list[str]:
+        return _operations.queue_names(self)
+
+    def _put_schedule(self, schedule: Schedule) -> Schedule:
+        return _schedules.put_schedule(self, schedule)
+
+    def _delete_schedule(self, name: str) -> bool:
+        return _schedules.delete_schedule(self, name)
+
+    def _list_schedules(self, due_at: datetime | None) -> list[Schedule]:
+        return _schedules.list_schedules(self, due_at)
+
+    def _fire_schedule(
+        self,
+        schedule: Schedule,
+        boundary: datetime,
+        next_run_at: datetime,
+        resolved: Resolved,
+        payload: EncodedPayload,
+    ) -> int | None:
+        return _schedules.fire_schedule(
+            self,
+            schedule,
+            boundary=boundary,
+            next_run_at=next_run_at,
+            resolved=resolved,
+            payload=payload,
+        )
+
+    def _skip_schedule(self, schedule: Schedule, next_run_at: datetime) -> bool:
+        return _schedules.skip_schedule(self, schedule, next_run_at)
+
+    def _maintenance_turn(self, task: str, interval_s: float) -> AbstractContextManager[bool]:
+        return maintenance_turn(self, task, interval_s)
 
 
 def _set_wal(conn: sqlite3.Connection) -> None:

@@ -18,9 +18,10 @@ __all__ = ["SqliteSubscription"]
 class SqliteSubscription(Subscription):
     """Wakes for one queue of a :class:`~alkstore_sqlite.SqliteStore`.
 
-    Enqueues by this process's stores wake it at once; commits by other
-    processes and ``enqueue_tx`` commits wake it within about one poll
-    interval of the store's file watcher (``poll_interval_s``).
+    Enqueues, resumes and requeues by this process's stores wake it at
+    once; commits by other processes and ``enqueue_tx`` commits wake it
+    within about one poll interval of the store's file watcher
+    (``poll_interval_s``).
     """
 
     _store: SqliteStore
@@ -28,13 +29,15 @@ class SqliteSubscription(Subscription):
     def __init__(self, store: SqliteStore, queue_name: str) -> None:
         super().__init__(store, queue_name)
         self._latch = WakeLatch()
-        # Jobs committed after this read wake the subscription.
-        latest_id = store._pool.run(_read_latest_id)
+        # Jobs (and resumes and requeues) committed after this read wake
+        # the subscription.
+        latest_id, latest_wake_id = store._pool.run(_read_latest_ids)
         _wake.subscribe(
             store._file_key,
             queue_name,
             self._latch,
             latest_id,
+            latest_wake_id,
             poll_interval_s=store._poll_interval_s,
             busy_timeout_s=store._busy_timeout_s,
         )
@@ -49,5 +52,6 @@ class SqliteSubscription(Subscription):
         self._latch.set()
 
 
-def _read_latest_id(conn: sqlite3.Connection) -> int:
-    return int(conn.execute(_wake.LATEST_ID).fetchone()[0])
+def _read_latest_ids(conn: sqlite3.Connection) -> tuple[int, int]:
+    latest_id, latest_wake_id = conn.execute(_wake.LATEST_IDS).fetchone()
+    return int(latest_id), int(latest_wake_id)

@@ -22,12 +22,23 @@ nobody. Nothing extra is written per enqueue. Two paths deliver the wake:
   for a moment, so an idle poller costs little and the first wake after a
   quiet spell arrives within one backed-off pause.
 
-A queue's subscriptions are woken when a job id above the highest one
-already delivered for it shows up, so the commit that :func:`notify`
-reported is not delivered a second time by the watcher. A job claimed and
-finished before the watcher looked wakes nobody, which is harmless: there is
-nothing left to claim. If the watcher's connection fails it wakes everyone
-(a wake may have been missed), reconnects and goes on.
+Two operations make work claimable without a new job id: ``resume`` (no
+row at all) and ``requeue`` (the job keeps its old id, below what the
+watcher has looked at). Each replaces its queue's row in
+``_alkstore_wakes`` in its own transaction (:func:`record_wake`); that
+table's ``AUTOINCREMENT`` ids grow in commit order too, so the watcher
+follows it exactly as it follows the jobs, with one more rowid range read
+per change it sees, and :func:`notify_wake` is their in-process signal.
+The table holds one row per queue ever resumed or requeued into; enqueues
+never write it.
+
+A queue's subscriptions are woken when a job id (or wake id) above the
+highest one already delivered for it shows up, so the commit that
+:func:`notify` (or :func:`notify_wake`) reported is not delivered a second
+time by the watcher. A job claimed and finished before the watcher looked
+wakes nobody, which is harmless: there is nothing left to claim. If the
+watcher's connection fails it wakes everyone (a wake may have been missed),
+reconnects and goes on.
 """
 
 from __future__ import annotations
@@ -42,7 +53,16 @@ from alkstore.engine import WakeLatch
 from alkstore_sqlite._connection import connect
 from alkstore_sqlite._inotify import FileEvents, watch_file
 
-__all__ = ["LATEST_ID", "FileWatch", "notify", "subscribe", "unsubscribe"]
+__all__ = [
+    "LATEST_ID",
+    "LATEST_IDS",
+    "FileWatch",
+    "notify",
+    "notify_wake",
+    "record_wake",
+    "subscribe",
+    "unsubscribe",
+]
 
 log = logging.getLogger("alkstore.sqlite")
 
@@ -59,8 +79,27 @@ _IDLE_POLL_MAX_S = 0.05
 #: The largest job id ever committed (0 before the first): a subscription's
 #: starting point.
 LATEST_ID = "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = '_alkstore_jobs'), 0)"
+#: The largest job id and the largest wake id ever committed, in one
+#: snapshot: a subscription's starting points.
+LATEST_IDS = """
+    SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = '_alkstore_jobs'), 0),
+           coalesce((SELECT seq FROM sqlite_sequence WHERE name = '_alkstore_wakes'), 0)
+"""
 # A rowid range: costs the jobs enqueued since the last look, whatever waits.
 _NEW_JOBS = "SELECT queue, max(id) FROM _alkstore_jobs WHERE id > ? GROUP BY queue"
+# The same for the wake record, which has at most one row per queue.
+_NEW_WAKES = "SELECT queue, id FROM _alkstore_wakes WHERE id > ?"
+# Deletes the queue's row and inserts one with the next id.
+_RECORD_WAKE = "INSERT OR REPLACE INTO _alkstore_wakes (queue) VALUES (?)"
+
+
+def record_wake(conn: sqlite3.Connection, queue: str) -> int:
+    """Record a wake of ``queue`` for the watchers of every process, inside
+    the caller's write transaction; return the wake id to pass to
+    :func:`notify_wake` once the transaction committed."""
+    wake_id = conn.execute(_RECORD_WAKE, (queue,)).lastrowid
+    assert wake_id is not None
+    return wake_id
 
 
 class FileWatch:
@@ -85,9 +124,12 @@ class FileWatch:
         self.latches: dict[str, set[WakeLatch]] = {}
         # The highest job id delivered per subscribed queue.
         self.seen: dict[str, int] = {}
-        # The watcher has looked at every job up to this id.
+        # The highest wake id delivered per subscribed queue.
+        self.wakes_seen: dict[str, int] = {}
+        # The watcher has looked at every job (wake) up to this id.
         self.looked_up_to: int | None = None
-        # Set when looked_up_to moved back: look even if nothing committed.
+        self.wakes_looked_up_to: int | None = None
+        # Set when a looked_up_to moved back: look even if nothing committed.
         self._rescan = False
         self._stopping = False
         self._events: FileEvents | None = None
@@ -101,15 +143,22 @@ class FileWatch:
 
     # -- bookkeeping, under the registry lock --------------------------------
 
-    def add(self, queue: str, latch: WakeLatch, latest_id: int) -> None:
+    def add(self, queue: str, latch: WakeLatch, latest_id: int, latest_wake_id: int) -> None:
         with self.lock:
             if queue not in self.seen:
                 self.seen[queue] = latest_id
+                self.wakes_seen[queue] = latest_wake_id
             self.latches.setdefault(queue, set()).add(latch)
+            # Look again from here: jobs (wakes) the watcher passed over
+            # before this queue was subscribed may be news for it.
+            rescan = False
             if self.looked_up_to is None or latest_id < self.looked_up_to:
-                # Look again from here: jobs the watcher passed over before
-                # this queue was subscribed may be news for it.
                 self.looked_up_to = latest_id
+                rescan = True
+            if self.wakes_looked_up_to is None or latest_wake_id < self.wakes_looked_up_to:
+                self.wakes_looked_up_to = latest_wake_id
+                rescan = True
+            if rescan:
                 self._rescan = True
                 self._wake_thread()
 
@@ -122,15 +171,23 @@ class FileWatch:
                 if not latches:
                     del self.latches[queue]
                     del self.seen[queue]
+                    del self.wakes_seen[queue]
             return not self.latches
 
     def deliver(self, queue: str, job_id: int) -> None:
         """Wake ``queue``'s subscriptions if ``job_id`` is news."""
+        self._deliver(self.seen, queue, job_id)
+
+    def deliver_wake(self, queue: str, wake_id: int) -> None:
+        """Wake ``queue``'s subscriptions if ``wake_id`` is news."""
+        self._deliver(self.wakes_seen, queue, wake_id)
+
+    def _deliver(self, seen_ids: dict[str, int], queue: str, new_id: int) -> None:
         with self.lock:
-            seen = self.seen.get(queue)
-            if seen is None or job_id <= seen:
+            seen = seen_ids.get(queue)
+            if seen is None or new_id <= seen:
                 return
-            self.seen[queue] = job_id
+            seen_ids[queue] = new_id
             latches = list(self.latches[queue])
         for latch in latches:
             latch.set()
@@ -222,16 +279,24 @@ class FileWatch:
     def _scan(self, conn: sqlite3.Connection) -> None:
         with self.lock:
             start = self.looked_up_to
+            wakes_start = self.wakes_looked_up_to
             self._rescan = False
-        if start is None:
+        if start is None or wakes_start is None:
             return
         rows = conn.execute(_NEW_JOBS, (start,)).fetchall()
+        wakes = conn.execute(_NEW_WAKES, (wakes_start,)).fetchall()
         for queue, job_id in rows:
             self.deliver(queue, job_id)
+        for queue, wake_id in wakes:
+            self.deliver_wake(queue, wake_id)
         with self.lock:
-            # Unless add() moved it back meanwhile (and asked for a rescan).
+            # Unless add() moved them back meanwhile (and asked for a rescan).
             if self.looked_up_to == start:
                 self.looked_up_to = max((job_id for _, job_id in rows), default=start)
+            if self.wakes_looked_up_to == wakes_start:
+                self.wakes_looked_up_to = max(
+                    (wake_id for _, wake_id in wakes), default=wakes_start
+                )
 
 
 class _Registry:
@@ -253,6 +318,7 @@ def subscribe(
     queue: str,
     latch: WakeLatch,
     latest_id: int,
+    latest_wake_id: int,
     *,
     poll_interval_s: float,
     busy_timeout_s: float,
@@ -261,9 +327,9 @@ def subscribe(
 
     Parameters
     ----------
-    latest_id
-        :data:`LATEST_ID` read before this call: jobs above it wake the
-        latch.
+    latest_id, latest_wake_id
+        :data:`LATEST_IDS` read before this call: jobs and wake records
+        above them wake the latch.
     poll_interval_s, busy_timeout_s
         The watcher's settings if this starts it; a shorter poll interval
         also shortens a running watcher's.
@@ -274,7 +340,7 @@ def subscribe(
         if watch is None:
             watch = _registry.watches[path] = FileWatch(path, poll_interval_s, busy_timeout_s)
         watch.poll_interval_s = min(watch.poll_interval_s, poll_interval_s)
-        watch.add(queue, latch, latest_id)
+        watch.add(queue, latch, latest_id, latest_wake_id)
         if started:
             watch.start()
 
@@ -295,6 +361,14 @@ def notify(path: str, queue: str, job_id: int) -> None:
     watch = _registry.watches.get(path)
     if watch is not None:
         watch.deliver(queue, job_id)
+
+
+def notify_wake(path: str, queue: str, wake_id: int) -> None:
+    """Wake this process's subscriptions of ``queue`` after a transaction
+    that :func:`record_wake` returned ``wake_id`` in committed."""
+    watch = _registry.watches.get(path)
+    if watch is not None:
+        watch.deliver_wake(queue, wake_id)
 
 
 def _before_fork() -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import traceback
 from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
 from multiprocessing.synchronize import Barrier
 from typing import Any
 
@@ -97,3 +99,57 @@ def churn(url: str, worker: str, jobs: int) -> int:
             if handle is not None and handle.ack():
                 acked += 1
     return acked
+
+
+def resume_after(url: str, barrier: Barrier, queue: str) -> bool:
+    """Resume ``queue`` once the parent is listening."""
+    with alkstore.open(url) as store:
+        barrier.wait()
+        return store.queue(queue).resume()
+
+
+def requeue_after(url: str, barrier: Barrier, queue: str, job_id: int) -> bool:
+    """Requeue the dead job ``job_id`` once the parent is listening."""
+    with alkstore.open(url) as store:
+        barrier.wait()
+        return store.queue(queue).requeue(job_id)
+
+
+def fire_at_once(url: str, barrier: Barrier, name: str, boundary: datetime) -> int | None:
+    """Fire the schedule ``name`` at ``boundary`` together with siblings that
+    read the same revision; return the job id, or ``None`` if another won."""
+    from alkstore._resolution import EnqueueOptions, resolve
+    from alkstore.engine import EncodedPayload
+
+    with alkstore.open(url) as store:
+        (schedule,) = [s for s in store._list_schedules(None) if s.name == name]
+        resolved = resolve(boundary, schedule.queue_opts, EnqueueOptions(run_at=boundary))
+        payload = EncodedPayload(schedule.payload_bytes, schedule.content_type)
+        next_run_at = boundary + timedelta(minutes=1)
+        barrier.wait()
+        return store._fire_schedule(schedule, boundary, next_run_at, resolved, payload)
+
+
+def maintenance_turn_at_once(
+    url: str, barrier: Barrier, task: str, interval_s: float, now: datetime
+) -> bool:
+    """Ask for a turn of ``task`` at the instant ``now`` together with
+    siblings; return whether this process got it."""
+    from alkstore_contract_tests import ManualClock
+
+    with alkstore.open(url, clock=ManualClock(now)) as store:
+        barrier.wait()
+        with store._maintenance_turn(task, interval_s) as mine:
+            # Everyone decides before anyone leaves its block.
+            barrier.wait()
+            return mine
+
+
+def take_turn_and_die(url: str, task: str, interval_s: float, now: datetime) -> None:
+    """Take the turn of ``task`` at ``now`` and die inside the block, as a
+    crashed sweeper would (exit code 3; 4 if the turn was not given)."""
+    from alkstore_contract_tests import ManualClock
+
+    store = alkstore.open(url, clock=ManualClock(now))
+    with store._maintenance_turn(task, interval_s) as mine:
+        os._exit(3 if mine else 4)

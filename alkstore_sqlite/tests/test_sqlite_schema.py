@@ -17,7 +17,15 @@ from alkstore_contract_tests import T0, ManualClock
 from alkstore_sqlite import SCHEMA_VERSION, SqliteStore, _schema, _wake, open_store
 from alkstore_sqlite._rows import to_us
 
-TABLES = {"_alkstore_jobs", "_alkstore_dead", "_alkstore_meta"}
+TABLES = {
+    "_alkstore_jobs",
+    "_alkstore_dead",
+    "_alkstore_meta",
+    "_alkstore_queues",
+    "_alkstore_wakes",
+    "_alkstore_schedules",
+    "_alkstore_maintenance",
+}
 
 
 def _names(path: Path, kind: str) -> set[str]:
@@ -43,6 +51,9 @@ def test_open_creates_the_prefixed_schema_in_wal_mode(store: SqliteStore, db_pat
         "_alkstore_jobs_processing",
         "_alkstore_jobs_expiry",
         "_alkstore_dead_died",
+        "_alkstore_dead_queue",
+        "_alkstore_queues_paused",
+        "_alkstore_schedules_due",
     } <= _names(db_path, "index")
     assert _version(db_path) == SCHEMA_VERSION
     with sqlite3.connect(db_path) as conn:
@@ -199,7 +210,7 @@ def test_version_1_migrates_and_keeps_every_row(db_path: Path) -> None:
         columns = [d[0] for d in conn.execute("SELECT * FROM _alkstore_jobs").description]
     clock = ManualClock()
     with open_store(f"sqlite:///{db_path}", clock=clock) as store:
-        assert _version(db_path) == SCHEMA_VERSION == 2
+        assert _version(db_path) == SCHEMA_VERSION == 3
         with sqlite3.connect(db_path) as conn:
             conn.row_factory = sqlite3.Row
             after = conn.execute("SELECT * FROM _alkstore_jobs ORDER BY id").fetchall()
@@ -267,7 +278,7 @@ def test_several_processes_migrate_a_version_1_file_at_once(db_path: Path, db_ur
 
 def test_migrate_false_refuses_an_older_schema(db_path: Path, db_url: str) -> None:
     _make_version_1(db_path)
-    with pytest.raises(SchemaVersionError, match="version 1, older than this code's 2"):
+    with pytest.raises(SchemaVersionError, match="version 1, older than this code's 3"):
         alkstore.open(db_url, migrate=False)
     assert _version(db_path) == 1
     alkstore.open(db_url).close()

@@ -121,7 +121,11 @@ def test_a_late_subscription_gets_jobs_the_watcher_passed(store: SqliteStore) ->
             time.sleep(0.001)
         assert watch.looked_up_to == before + 1
         latch = WakeLatch()
-        _wake.subscribe(watch.path, "b", latch, before, poll_interval_s=0.001, busy_timeout_s=5)
+        wakes = watch.wakes_looked_up_to
+        assert wakes is not None
+        _wake.subscribe(
+            watch.path, "b", latch, before, wakes, poll_interval_s=0.001, busy_timeout_s=5
+        )
         try:
             assert latch.wait(5)
         finally:

@@ -1,0 +1,162 @@
+"""Maintenance turns (``Store._maintenance_turn``): which process runs a
+store-wide chore such as the expiry sweep, and when.
+
+A turn is given to at most one caller at a time and at most once per
+interval:
+
+* the ``_alkstore_maintenance`` table keeps, per task, the instant its next
+  turn may be taken; taking a turn moves it to ``now + interval`` in one
+  conditional upsert, which SQLite's write lock serialises, so two takers
+  never both see it due;
+* for the whole ``with`` block the taker holds an exclusive lock on a lock
+  file beside the database, one per task (:func:`lock_path`), taken without
+  waiting, so a turn that outlasts its interval still has no rival. SQLite
+  itself has no lock that a process can hold for a while without blocking
+  every writer; a file lock (``flock``: one per open file, so two stores or
+  threads of one process exclude each other as two processes do) is
+  dropped by the operating system when its holder dies, so a crashed
+  holder never keeps the turn. Leaving the block unlocks, on an exception
+  too.
+
+The lock is asked for only when the turn looks due (one read of the task's
+row first), so a process touches the lock file about once per interval. The
+file is created at the first turn and left in place: removing a lock file
+races with its next taker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import sqlite3
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from alkstore.errors import EngineError
+from alkstore_sqlite._rows import seconds_to_us, to_us
+
+if TYPE_CHECKING:
+    from alkstore_sqlite._store import SqliteStore
+
+__all__ = ["lock_path", "maintenance_turn"]
+
+_INT64_MAX = 2**63 - 1
+# A task name used verbatim in the lock file's name; others are hashed.
+_PLAIN_TASK = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+_READ = "SELECT next_run_at FROM _alkstore_maintenance WHERE task = ?"
+# Counts a row only when the turn was due (or the task new).
+_TAKE = """
+    INSERT INTO _alkstore_maintenance (task, next_run_at) VALUES (:task, :next_run_at)
+    ON CONFLICT (task) DO UPDATE SET next_run_at = excluded.next_run_at
+    WHERE next_run_at <= :now
+"""
+
+if sys.platform == "win32":
+    import msvcrt
+
+    def _try_lock(fd: int) -> bool:
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        except OSError:
+            return False
+        return True
+
+    def _unlock(fd: int) -> None:
+        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+
+else:
+    import fcntl
+
+    def _try_lock(fd: int) -> bool:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def _unlock(fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def lock_path(database: str, task: str) -> str:
+    """The lock file of ``task`` beside the database file ``database``."""
+    if not _PLAIN_TASK.fullmatch(task):
+        task = hashlib.blake2b(task.encode(), digest_size=8).hexdigest()
+    return f"{database}-alkstore-{task}.lock"
+
+
+def _acquire(path: str) -> int | None:
+    """Lock ``path`` without waiting: the open descriptor, or ``None`` if
+    someone holds it."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:
+        raise EngineError(f"cannot open the maintenance lock file {path!r}: {error}") from error
+    try:
+        if _try_lock(fd):
+            return fd
+    except OSError as error:
+        os.close(fd)
+        raise EngineError(f"cannot lock the maintenance lock file {path!r}: {error}") from error
+    os.close(fd)
+    return None
+
+
+def _release(fd: int) -> None:
+    try:
+        _unlock(fd)
+    finally:
+        # Closing drops the lock in any case.
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def maintenance_turn(store: SqliteStore, task: str, interval_s: float) -> Iterator[bool]:
+    """``Store._maintenance_turn`` (module docstring).
+
+    Raises
+    ------
+    EngineError
+        If the database or the lock file fails (before the block runs).
+    """
+    row = store._pool.run(_fetchone, _READ, (task,))
+    if row is not None and row[0] > to_us(store._now()):
+        yield False
+        return
+    fd = _acquire(lock_path(store.path, task))
+    if fd is None:
+        yield False
+        return
+    try:
+        # Read after the lock: a holder that just finished has advanced the
+        # row.
+        now = to_us(store._now())
+        params = {
+            "task": task,
+            "now": now,
+            "next_run_at": min(now + seconds_to_us(interval_s), _INT64_MAX),
+        }
+        taken = store._pool.run(_rowcount, _TAKE, params) == 1
+    except BaseException:
+        _release(fd)
+        raise
+    if not taken:
+        _release(fd)
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        _release(fd)
+
+
+def _fetchone(conn: sqlite3.Connection, sql: str, params: Any) -> Any:
+    return conn.execute(sql, params).fetchone()
+
+
+def _rowcount(conn: sqlite3.Connection, sql: str, params: Any) -> int:
+    return conn.execute(sql, params).rowcount
