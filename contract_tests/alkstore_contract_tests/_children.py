@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 import traceback
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import alkstore
@@ -21,12 +21,16 @@ from alkstore import Store
 
 __all__ = [
     "BARRIER_TIMEOUT_S",
+    "EPOCH",
     "ChildSpec",
     "FixedClock",
+    "SharedClock",
     "claim_batch_child",
     "claim_race_child",
     "enqueue_child",
+    "epoch_us",
     "open_child_store",
+    "scheduler_tick_child",
 ]
 
 #: How long a child waits at a barrier before giving up (a hung sibling).
@@ -44,6 +48,28 @@ class FixedClock:
 
     def __call__(self) -> datetime:
         return self._now
+
+
+#: The Unix epoch, aware UTC.
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class SharedClock:
+    """A clock read from a shared integer of microseconds since the Unix
+    epoch (a ``multiprocessing`` ``Value("q")``), which the parent moves:
+    every process reading it sees the same instant."""
+
+    def __init__(self, micros: Any) -> None:
+        self._micros = micros
+
+    def __call__(self) -> datetime:
+        return EPOCH + timedelta(microseconds=self._micros.value)
+
+
+def epoch_us(instant: datetime) -> int:
+    """``instant`` as whole microseconds since :data:`EPOCH`."""
+    delta = instant - EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
 def open_child_store(spec: ChildSpec, **extra: Any) -> Store:
@@ -138,6 +164,42 @@ def enqueue_child(
             q = store.queue(queue_name)
             ids = [q.enqueue({"child": index, "i": i}) for i in range(count)]
             results.put(("enqueue", 0, index, ids, None))
+        finally:
+            store.close()
+    except BaseException:
+        results.put(("crash", -1, index, None, traceback.format_exc()))
+        barrier.abort()
+
+
+def scheduler_tick_child(
+    spec: ChildSpec,
+    *,
+    index: int,
+    rounds: int,
+    ticks: int,
+    micros: Any,
+    barrier: Any,
+    results: Any,
+) -> None:
+    """Each round: wait at the barrier while the parent has moved the shared
+    clock (``micros``, see :class:`SharedClock`) to a due boundary, call
+    ``Scheduler.tick()`` ``ticks`` times, report ``("tick", round, index,
+    [job ids], error)``, then wait at the barrier again."""
+    try:
+        store = open_child_store(spec, clock=SharedClock(micros))
+        try:
+            scheduler = alkstore.Scheduler(store)
+            for round_ in range(rounds):
+                barrier.wait(BARRIER_TIMEOUT_S)
+                fired: list[int] = []
+                error = None
+                try:
+                    for _ in range(ticks):
+                        fired += scheduler.tick()
+                except BaseException:
+                    error = traceback.format_exc()
+                results.put(("tick", round_, index, fired, error))
+                barrier.wait(BARRIER_TIMEOUT_S)
         finally:
             store.close()
     except BaseException:

@@ -125,6 +125,7 @@ class ModelStore:
 
     live: dict[int, ModelJob] = field(default_factory=dict)
     dead: dict[int, ModelJob] = field(default_factory=dict)
+    paused: set[str] = field(default_factory=set)
 
     # -- enqueue ---------------------------------------------------------------
 
@@ -224,8 +225,9 @@ class ModelStore:
         self.dead[row.id] = row
 
     def claim(self, queue: str, worker_id: str, n: int, now: datetime) -> list[ModelHandle]:
-        """Claim up to ``n`` rows (SPEC §3 "Claim"); ``n <= 0`` does nothing."""
-        if n <= 0:
+        """Claim up to ``n`` rows (SPEC §3 "Claim"); ``n <= 0`` or a paused
+        queue does nothing (no reclaim, no dead-lettering)."""
+        if n <= 0 or queue in self.paused:
             return []
         for row in list(self.live.values()):
             if (
@@ -383,3 +385,67 @@ class ModelStore:
                     del self.dead[row.id]
                     purged += 1
         return expired, purged
+
+    # -- operations (pause, dead letters) --------------------------------------
+
+    def queue_names(self) -> list[str]:
+        """``Store.queue_names``: queues with live or dead rows, or paused."""
+        rows = [*self.live.values(), *self.dead.values()]
+        return sorted({r.queue for r in rows} | self.paused)
+
+    def set_paused(self, queue: str, paused: bool) -> bool:
+        """``Queue.pause`` (``paused``) or ``Queue.resume``: ``True`` on a
+        change."""
+        if (queue in self.paused) == paused:
+            return False
+        if paused:
+            self.paused.add(queue)
+        else:
+            self.paused.discard(queue)
+        return True
+
+    def dead_jobs(self, queue: str, limit: int, after_id: int | None) -> list[ModelJob]:
+        """``Queue.dead_jobs``: copies of up to ``limit`` dead rows of
+        ``queue`` with ids above ``after_id``, by id."""
+        rows = sorted(
+            (
+                r
+                for r in self.dead.values()
+                if r.queue == queue and (after_id is None or r.id > after_id)
+            ),
+            key=lambda r: r.id,
+        )
+        return [replace(r) for r in rows[:limit]]
+
+    def requeue(self, queue: str, job_id: int, run_at: datetime) -> bool:
+        """``Queue.requeue`` with the resolved ``run_at``: the dead row back to
+        pending, attempts 0, its expiry duration (``expires_at -
+        enqueued_at``) counted again from ``run_at``, claim fields and
+        ``died_at`` cleared, ``last_error`` kept."""
+        row = self.dead.get(job_id)
+        if row is None or row.queue != queue:
+            return False
+        del self.dead[job_id]
+        if row.expires_at is not None:
+            row.expires_at = run_at + (row.expires_at - row.enqueued_at)
+        row.state = "pending"
+        row.run_at = run_at
+        row.attempts = 0
+        row.worker_id = None
+        row.claim_deadline = None
+        row.died_at = None
+        self.live[job_id] = row
+        return True
+
+    def purge_dead(self, queue: str, older_than: float | timedelta | None, now: datetime) -> int:
+        """``Queue.purge_dead``: delete the dead rows of ``queue`` with
+        ``died_at + older_than <= now`` (all with ``None``); the count."""
+        purged = 0
+        for row in list(self.dead.values()):
+            assert row.died_at is not None
+            if row.queue == queue and (
+                older_than is None or row.died_at + _seconds(older_than) <= now
+            ):
+                del self.dead[row.id]
+                purged += 1
+        return purged

@@ -8,7 +8,9 @@ imports it (the harness's ``child_process_imports``) can open them too.
 
 The faults are written as SQL of their own over the SQLite engine's tables
 and row helpers (``_alkstore_jobs``, ``bury_sql``, ``job_from_row``), so
-they do not depend on how the engine words its own statements. The meta-test
+they do not depend on how the engine words its own statements; store-wide
+faults (an unguarded schedule fire, a maintenance turn for everyone) wrap
+the engine's own primitives. The meta-test
 ``test_the_sqlite_engine_passes_the_same_selection`` is the control.
 """
 
@@ -19,14 +21,15 @@ import importlib.util
 import sqlite3
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
 import alkstore
-from alkstore import AlkstoreError, JobHandle, QueueOpts
-from alkstore.engine import MAX_ATTEMPTS_EXCEEDED, check_engine_options
+from alkstore import AlkstoreError, JobHandle, QueueOpts, Schedule
+from alkstore.engine import MAX_ATTEMPTS_EXCEEDED, EncodedPayload, Resolved, check_engine_options
 from alkstore_contract_tests import StoreTarget
 from alkstore_sqlite import ENGINE_OPTIONS, SqliteJobHandle, SqliteQueue, SqliteStore, parse_url
 from alkstore_sqlite._rows import LIVE_COLUMNS, bury_sql, job_from_row, to_us
@@ -191,6 +194,78 @@ class LeakyDeadLetterQueue(SqliteQueue):
         return [LeakyDeadLetterHandle(self, handle.job) for handle in handles]
 
 
+# -- (e) a requeue that keeps the attempts -------------------------------------
+
+
+class RequeueKeepsAttemptsQueue(SqliteQueue):
+    """Requeues a dead job with the attempts it died with, so it has fewer
+    (or no) attempts left."""
+
+    def _requeue(self, job_id: int, now: datetime, run_at: datetime) -> bool:
+        dead = self._get_job(job_id)
+        if not super()._requeue(job_id, now, run_at):
+            return False
+        assert dead is not None
+        params = {"id": job_id, "attempts": dead.attempts}
+        sql = "UPDATE _alkstore_jobs SET attempts = :attempts WHERE id = :id"
+        self._store._pool.run(_rowcount, sql, params)
+        return True
+
+
+# -- (f) a paused queue's claim still dead-letters ---------------------------
+
+
+def _bury_exhausted(conn: sqlite3.Connection, params: dict[str, Any]) -> None:
+    conn.execute(bury_sql(_EXHAUSTED), params)
+    conn.execute(f"DELETE FROM _alkstore_jobs WHERE {_EXHAUSTED}", params)
+
+
+class PausedClaimBuriesQueue(SqliteQueue):
+    """Checks the pause only after the claim's dead-lettering: a claim on a
+    paused queue still moves exhausted lapsed claims to the dead table."""
+
+    def _claim(self, worker_id: str, n: int) -> list[JobHandle]:
+        if self._is_paused():
+            self._store._pool.transaction(_bury_exhausted, _claim_params(self, worker_id, n))
+        return super()._claim(worker_id, n)
+
+
+# -- (g) a schedule fired without its guard ----------------------------------
+
+
+class UnguardedFireStore(SqliteStore):
+    """Fires whatever schedule of that name is stored when the fire runs: it
+    re-reads the row and hands the fresh one to the guarded primitive, so a
+    tick that read the schedule before another tick fired the boundary (or
+    before a replacement) fires it again -- the read-then-write race of a
+    scheduler without a conditional update."""
+
+    def _fire_schedule(
+        self,
+        schedule: Schedule,
+        boundary: datetime,
+        next_run_at: datetime,
+        resolved: Resolved,
+        payload: EncodedPayload,
+    ) -> int | None:
+        time.sleep(0.002)  # the scheduling point every read-then-write race has
+        current = {s.name: s for s in self._list_schedules(None)}.get(schedule.name)
+        if current is None:
+            return None
+        return super()._fire_schedule(current, boundary, next_run_at, resolved, payload)
+
+
+# -- (h) a maintenance turn for everyone, every time -------------------------
+
+
+class AlwaysMyTurnStore(SqliteStore):
+    """Gives every caller the maintenance turn: no lock, no interval."""
+
+    @contextlib.contextmanager
+    def _maintenance_turn(self, task: str, interval_s: float) -> Iterator[bool]:
+        yield True
+
+
 # -- registration --------------------------------------------------------------
 
 QUEUE_CLASSES: dict[str, type[SqliteQueue]] = {
@@ -198,7 +273,21 @@ QUEUE_CLASSES: dict[str, type[SqliteQueue]] = {
     "broken-stale": StaleQueue,
     "broken-claim": RacyClaimQueue,
     "broken-dead": LeakyDeadLetterQueue,
+    "broken-requeue": RequeueKeepsAttemptsQueue,
+    "broken-pause": PausedClaimBuriesQueue,
 }
+STORE_CLASSES: dict[str, type[SqliteStore]] = {
+    "broken-fire": UnguardedFireStore,
+    "broken-turn": AlwaysMyTurnStore,
+}
+
+
+def _store_factory(store_class: type[SqliteStore]) -> Any:
+    def open_broken(url: str, **options: Any) -> SqliteStore:
+        check_engine_options(options, ENGINE_OPTIONS)
+        return store_class(parse_url("sqlite" + url[url.index("://") :]), **options)
+
+    return open_broken
 
 
 def _factory(queue_class: type[SqliteQueue]) -> Any:
@@ -206,15 +295,13 @@ def _factory(queue_class: type[SqliteQueue]) -> Any:
         def _open_queue(self, name: str, opts: QueueOpts) -> SqliteQueue:
             return queue_class(self, name, opts)
 
-    def open_broken(url: str, **options: Any) -> SqliteStore:
-        check_engine_options(options, ENGINE_OPTIONS)
-        return BrokenStore(parse_url("sqlite" + url[url.index("://") :]), **options)
-
-    return open_broken
+    return _store_factory(BrokenStore)
 
 
 for _scheme, _queue_class in QUEUE_CLASSES.items():
     alkstore.register(_scheme, _factory(_queue_class))
+for _scheme, _store_class in STORE_CLASSES.items():
+    alkstore.register(_scheme, _store_factory(_store_class))
 
 
 def _as_sqlite(target: StoreTarget) -> StoreTarget:
@@ -258,3 +345,19 @@ class RacyClaimHarness(_BrokenHarness):
 
 class LeakyDeadLetterHarness(_BrokenHarness):
     scheme = "broken-dead"
+
+
+class RequeueKeepsAttemptsHarness(_BrokenHarness):
+    scheme = "broken-requeue"
+
+
+class PausedClaimBuriesHarness(_BrokenHarness):
+    scheme = "broken-pause"
+
+
+class UnguardedFireHarness(_BrokenHarness):
+    scheme = "broken-fire"
+
+
+class AlwaysMyTurnHarness(_BrokenHarness):
+    scheme = "broken-turn"

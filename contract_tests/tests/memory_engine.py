@@ -9,16 +9,28 @@ SQLite, and that the harness capabilities skip what such an engine cannot do.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 
 import alkstore
-from alkstore import Job, JobHandle, Queue, QueueOpts, QueueStats, Store, Subscription, SweepResult
+from alkstore import (
+    Job,
+    JobHandle,
+    Queue,
+    QueueOpts,
+    QueueStats,
+    Schedule,
+    Store,
+    Subscription,
+    SweepResult,
+)
 from alkstore.engine import (
     EncodedPayload,
     Resolved,
@@ -39,6 +51,27 @@ class _Database:
     next_id: int = 1
     migrated: bool = False
     latches: dict[str, list[WakeLatch]] = field(default_factory=dict)
+    schedules: dict[str, Schedule] = field(default_factory=dict)
+    #: per maintenance task: the instant its next turn may be taken
+    maintenance_due: dict[str, datetime] = field(default_factory=dict)
+    maintenance_locks: dict[str, threading.Lock] = field(default_factory=dict)
+
+    def insert(
+        self, queue: str, resolved: Resolved, payloads: Sequence[EncodedPayload]
+    ) -> list[int]:
+        """Insert rows (the caller holds :attr:`lock`); return their ids."""
+        ids = list(range(self.next_id, self.next_id + len(payloads)))
+        self.next_id += len(payloads)
+        self.model.insert(queue, ids, [None] * len(ids), ModelResolution(**vars(resolved)))
+        self.payloads.update(zip(ids, payloads, strict=True))
+        return ids
+
+    def wake(self, queue: str) -> None:
+        """Wake the queue's subscribers (call outside :attr:`lock`)."""
+        with self.lock:
+            latches = list(self.latches.get(queue, []))
+        for latch in latches:
+            latch.set()
 
 
 _DATABASES: dict[str, _Database] = {}
@@ -75,6 +108,86 @@ class MemoryStore(Store):
     def _close(self) -> None:
         for subscription in list(self.subscriptions):
             subscription.close()
+
+    def _queue_names(self) -> list[str]:
+        with self.db.lock:
+            return self.db.model.queue_names()
+
+    def _put_schedule(self, schedule: Schedule) -> Schedule:
+        with self.db.lock:
+            old = self.db.schedules.get(schedule.name)
+            stored = replace(schedule, revision=1 if old is None else old.revision + 1)
+            self.db.schedules[schedule.name] = stored
+            return stored
+
+    def _delete_schedule(self, name: str) -> bool:
+        with self.db.lock:
+            return self.db.schedules.pop(name, None) is not None
+
+    def _list_schedules(self, due_at: datetime | None) -> list[Schedule]:
+        with self.db.lock:
+            schedules = list(self.db.schedules.values())
+        if due_at is None:
+            return sorted(schedules, key=lambda s: s.name)
+        due = [s for s in schedules if s.next_run_at <= due_at]
+        return sorted(due, key=lambda s: (s.next_run_at, s.name))
+
+    def _guard(self, schedule: Schedule) -> Schedule | None:
+        """The stored schedule if it is still ``schedule``'s revision at its
+        ``next_run_at`` (the caller holds the lock), else ``None``."""
+        stored = self.db.schedules.get(schedule.name)
+        if (
+            stored is None
+            or stored.revision != schedule.revision
+            or stored.next_run_at != schedule.next_run_at
+        ):
+            return None
+        return stored
+
+    def _fire_schedule(
+        self,
+        schedule: Schedule,
+        boundary: datetime,
+        next_run_at: datetime,
+        resolved: Resolved,
+        payload: EncodedPayload,
+    ) -> int | None:
+        with self.db.lock:
+            stored = self._guard(schedule)
+            if stored is None:
+                return None
+            (job_id,) = self.db.insert(schedule.queue, resolved, [payload])
+            self.db.schedules[schedule.name] = replace(
+                stored, next_run_at=next_run_at, last_run_at=boundary, last_job_id=job_id
+            )
+        self.db.wake(schedule.queue)
+        return job_id
+
+    def _skip_schedule(self, schedule: Schedule, next_run_at: datetime) -> bool:
+        with self.db.lock:
+            stored = self._guard(schedule)
+            if stored is None:
+                return False
+            self.db.schedules[schedule.name] = replace(stored, next_run_at=next_run_at)
+            return True
+
+    @contextlib.contextmanager
+    def _maintenance_turn(self, task: str, interval_s: float) -> Iterator[bool]:
+        with self.db.lock:
+            held = self.db.maintenance_locks.setdefault(task, threading.Lock())
+        if not held.acquire(blocking=False):
+            yield False
+            return
+        try:
+            now = self._now()
+            with self.db.lock:
+                due = self.db.maintenance_due.get(task)
+                mine = due is None or now >= due
+                if mine:
+                    self.db.maintenance_due[task] = now + timedelta(seconds=interval_s)
+            yield mine
+        finally:
+            held.release()
 
 
 class MemorySubscription(Subscription):
@@ -125,15 +238,9 @@ class MemoryQueue(Queue):
         )
 
     def _insert(self, resolved: Resolved, payloads: Sequence[EncodedPayload]) -> list[int]:
-        res = ModelResolution(**vars(resolved))
         with self.db.lock:
-            ids = list(range(self.db.next_id, self.db.next_id + len(payloads)))
-            self.db.next_id += len(payloads)
-            self.db.model.insert(self.name, ids, [None] * len(ids), res)
-            self.db.payloads.update(zip(ids, payloads, strict=True))
-            latches = list(self.db.latches.get(self.name, []))
-        for latch in latches:
-            latch.set()
+            ids = self.db.insert(self.name, resolved, payloads)
+        self.db.wake(self.name)
         return ids
 
     def _insert_tx(self, conn: Any, resolved: Resolved, payload: EncodedPayload) -> int:
@@ -168,6 +275,35 @@ class MemoryQueue(Queue):
         now = self._store._now()
         with self.db.lock:
             return QueueStats(*self.db.model.stats(self.name, now))
+
+    def _set_paused(self, paused: bool) -> bool:
+        with self.db.lock:
+            changed = self.db.model.set_paused(self.name, paused)
+        if changed and not paused:
+            self.db.wake(self.name)
+        return changed
+
+    def _is_paused(self) -> bool:
+        with self.db.lock:
+            return self.name in self.db.model.paused
+
+    def _dead_jobs(self, limit: int, after_id: int | None) -> list[Job]:
+        with self.db.lock:
+            return [self._job(row) for row in self.db.model.dead_jobs(self.name, limit, after_id)]
+
+    def _requeue(self, job_id: int, now: datetime, run_at: datetime) -> bool:
+        with self.db.lock:
+            moved = self.db.model.requeue(self.name, job_id, run_at)
+        if moved:
+            self.db.wake(self.name)
+        return moved
+
+    def _purge_dead(self, cutoff: datetime | None) -> int:
+        with self.db.lock:
+            if cutoff is None:
+                return self.db.model.purge_dead(self.name, None, datetime.min)
+            # died_at <= cutoff is died_at + 0 <= cutoff
+            return self.db.model.purge_dead(self.name, 0, cutoff)
 
 
 class MemoryHandle(JobHandle):

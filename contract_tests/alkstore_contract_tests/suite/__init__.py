@@ -23,6 +23,12 @@ from alkstore_contract_tests.suite.handle_ops import (
     RetryTests,
 )
 from alkstore_contract_tests.suite.lifecycle import ClosedStoreTests, EngineOptionTests, SchemaTests
+from alkstore_contract_tests.suite.operations import (
+    DeadLetterOpsTests,
+    PauseTests,
+    QueueNamesTests,
+)
+from alkstore_contract_tests.suite.outbox import OutboxTests
 from alkstore_contract_tests.suite.payload import ErrorTextTests, PayloadTests
 from alkstore_contract_tests.suite.queue_ops import (
     AckBatchTests,
@@ -31,6 +37,11 @@ from alkstore_contract_tests.suite.queue_ops import (
     IsolationTests,
     StatsTests,
     SweepTests,
+)
+from alkstore_contract_tests.suite.schedules import (
+    SchedulerConcurrencyTests,
+    ScheduleTests,
+    SweeperTests,
 )
 from alkstore_contract_tests.suite.stateful import StatefulTests
 from alkstore_contract_tests.suite.transactional import TransactionalEnqueueTests
@@ -45,6 +56,7 @@ __all__ = [
     "ClaimTests",
     "ClosedStoreTests",
     "ContractSuite",
+    "DeadLetterOpsTests",
     "DeadLetterTests",
     "EngineOptionTests",
     "ErrorTextTests",
@@ -56,13 +68,19 @@ __all__ = [
     "IdTests",
     "IsolationTests",
     "OptionResolutionTests",
+    "OutboxTests",
+    "PauseTests",
     "PayloadTests",
     "ProcessConcurrencyTests",
+    "QueueNamesTests",
     "RetryTests",
+    "ScheduleTests",
+    "SchedulerConcurrencyTests",
     "SchemaTests",
     "StatefulTests",
     "StatsTests",
     "SweepTests",
+    "SweeperTests",
     "ThreadConcurrencyTests",
     "TimeTests",
     "TransactionalEnqueueTests",
@@ -93,16 +111,25 @@ class ContractSuite(
     IsolationTests,
     WakeTests,
     TransactionalEnqueueTests,
+    PauseTests,
+    DeadLetterOpsTests,
+    QueueNamesTests,
+    ScheduleTests,
+    SweeperTests,
+    OutboxTests,
     ClosedStoreTests,
     EngineOptionTests,
     SchemaTests,
     HandedCaseTests,
     ThreadConcurrencyTests,
     ProcessConcurrencyTests,
+    SchedulerConcurrencyTests,
     StatefulTests,
     WorkerTests,
 ):
-    """The whole alkstore contract (SPEC.md §2, §3 and the handed cases).
+    """The whole alkstore contract (SPEC.md §2, §3, the handed cases, and
+    the operations, schedules and outbox of docs/operations.md,
+    docs/schedules.md and docs/outbox.md).
 
     Plug an engine in with one class in a test module::
 

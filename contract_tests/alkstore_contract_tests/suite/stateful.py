@@ -290,13 +290,16 @@ class QueueMachine(RuleBasedStateMachine):
             assert took == self.model.retry(model, text, now, delay, draw=draw)
 
     @rule(
-        op=st.sampled_from(["cancel", "ack_batch", "sweep_expired"]),
+        op=st.sampled_from(["cancel", "ack_batch", "sweep_expired", "purge_dead", "dead_jobs"]),
         via=_via,
         indexes=st.lists(_index, min_size=1, max_size=5),
+        seconds=st.none() | st.sampled_from([0, 5, 20]),
     )
-    def queue_op(self, op: str, via: str, indexes: list[int]) -> None:
-        """``cancel``, ``ack_batch`` (known ids, repeats and unknown ids) or
-        ``sweep_expired`` (with the handle's retention)."""
+    def queue_op(self, op: str, via: str, indexes: list[int], seconds: int | None) -> None:
+        """``cancel``, ``ack_batch`` (known ids, repeats and unknown ids),
+        ``sweep_expired`` (with the handle's retention), ``purge_dead``
+        (older than ``seconds``) or a page of ``dead_jobs`` (after a picked
+        id)."""
         queue, name = self.q(via)
         now = self.clock()
         ids = self.pick_ids(indexes)
@@ -304,9 +307,28 @@ class QueueMachine(RuleBasedStateMachine):
             assert queue.cancel(ids[0]) == self.model.cancel(name, ids[0])
         elif op == "ack_batch":
             assert queue.ack_batch(ids) == self.model.ack_batch(name, ids, now)
+        elif op == "purge_dead":
+            assert queue.purge_dead(seconds) == self.model.purge_dead(name, seconds, now)
+        elif op == "dead_jobs":
+            after = None if seconds is None else max(0, ids[0])
+            limit = len(indexes)
+            got = [_describe(j) for j in queue.dead_jobs(limit, after)]
+            assert got == [_describe(j) for j in self.model.dead_jobs(name, limit, after)]
         else:
             retention = queue.opts.dead_letter_retention_s
             assert tuple(queue.sweep_expired()) == self.model.sweep_expired(name, retention, now)
+
+    @precondition(lambda self: self.model.dead)
+    @rule(via=_via, index=_index, other=st.booleans(), delay=st.none() | st.sampled_from([0, 5]))
+    def requeue(self, via: str, index: int, other: bool, delay: int | None) -> None:
+        """``requeue`` of a dead job through ``via``: of that queue, or (with
+        ``other``) of any queue, or a live or unknown id."""
+        queue, name = self.q(via)
+        now = self.clock()
+        pool = sorted(i for i, row in self.model.dead.items() if other or row.queue == name)
+        target = pool[index % len(pool)] if pool else self.pick_ids([index])[0]
+        run_at = now + timedelta(seconds=delay or 0)
+        assert queue.requeue(target, delay=delay) == self.model.requeue(name, target, run_at)
 
     @rule(seconds=st.sampled_from([0.5, 1, 5, 9, 10, 20, 29, 30, 31, 60]))
     def advance(self, seconds: float) -> None:
