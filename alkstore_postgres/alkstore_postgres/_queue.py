@@ -10,8 +10,9 @@ of its own.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -22,10 +23,11 @@ from psycopg.rows import tuple_row
 from alkstore import Job, JobHandle, Queue, QueueOpts, QueueStats, SweepResult
 from alkstore.engine import EXPIRED, MAX_ATTEMPTS_EXCEEDED, EncodedPayload, Resolved
 from alkstore.errors import EngineError, ValidationError
+from alkstore_postgres import _operations
 from alkstore_postgres._connection import wrap_errors
 from alkstore_postgres._handle import PostgresJobHandle
 from alkstore_postgres._rows import DEAD_COLUMNS, LIVE_COLUMNS, MOVED_COLUMNS, job_from_row
-from alkstore_postgres._schema import Statement
+from alkstore_postgres._schema import Statement, render
 from alkstore_postgres._wake import channel_name
 
 if TYPE_CHECKING:
@@ -46,48 +48,50 @@ _COLUMNS = sql.SQL(
 
 # The wake is sent in the enqueueing transaction, so only a commit wakes
 # anyone, and it carries no job body (SPEC §3 "Wake"). The ``wake`` CTE has a
-# volatile function, so PostgreSQL evaluates it exactly once.
+# volatile function, so PostgreSQL evaluates it exactly once. One statement
+# on an autocommit connection: one round trip, and the commit is the
+# statement's own (no BEGIN and COMMIT exchanges).
+#
+# The enqueue statements take positional ``%s`` parameters: the queue, the
+# state, the payload(s), then :func:`_stamps`, then the channel.
 INSERT = Statement(
     sql.SQL("""
     WITH ins AS (
         INSERT INTO {jobs} ({columns})
-        VALUES (%(queue)s, %(state)s, %(payload)s, %(content_type)s, %(priority)s,
-                %(run_at)s, %(expires_at)s::timestamptz, %(enqueued_at)s,
-                %(max_attempts)s, %(visibility_timeout_s)s, %(backoff_base_s)s,
-                %(backoff_cap_s)s)
+        VALUES (%s, %s, %s, %s, %s, %s, %s::timestamptz, %s, %s, %s, %s, %s)
         RETURNING id
     ), wake AS (
-        SELECT pg_notify(%(channel)s, '')
+        SELECT pg_notify(%s, '')
     )
     SELECT ins.id FROM ins, wake
 """),
     columns=_COLUMNS,
 )
 
-# One round trip for any number of jobs: the payloads travel as two arrays.
+# One round trip for any number of jobs: the payloads travel as one bytea
+# array, and their content types as one value when they share it (then the
+# text array is empty, and unnest pads it with NULLs) or as a text array.
 # The identity default is evaluated above the sort on the ordinality, so the
-# ids increase in list order.
+# ids increase in list order; they come back as one array.
 INSERT_MANY = Statement(
     sql.SQL("""
     WITH ins AS (
         INSERT INTO {jobs} ({columns})
-        SELECT %(queue)s, %(state)s, p.payload, p.content_type, %(priority)s,
-               %(run_at)s, %(expires_at)s::timestamptz, %(enqueued_at)s,
-               %(max_attempts)s, %(visibility_timeout_s)s, %(backoff_base_s)s,
-               %(backoff_cap_s)s
-        FROM unnest(%(payloads)s::bytea[], %(content_types)s::text[])
-             WITH ORDINALITY AS p (payload, content_type, ord)
+        SELECT %s, %s, p.payload, coalesce(p.content_type, %s), %s,
+               %s, %s::timestamptz, %s, %s, %s, %s, %s
+        FROM unnest(%s::bytea[], %s::text[]) WITH ORDINALITY AS p (payload, content_type, ord)
         ORDER BY p.ord
         RETURNING id
     ), wake AS (
-        SELECT pg_notify(%(channel)s, '')
+        SELECT pg_notify(%s, '')
     )
-    SELECT ins.id FROM ins, wake
+    SELECT array_agg(ins.id) FROM ins, wake
 """),
     columns=_COLUMNS,
 )
 
-# One statement, in steps that each touch only rows they act on:
+# One statement, in steps that each touch only rows they act on (none at
+# all while the queue is paused: ``paused`` gates steps 1 to 3):
 # (1) this queue's lapsed claims on their last allowed attempt move to the
 #     dead table (the lapsed end of ``jobs_exhausted``);
 # (2) ``came_due`` locks this queue's scheduled rows that came due since the
@@ -106,12 +110,28 @@ INSERT_MANY = Statement(
 # once. Rows locked but not picked are released at commit. Row locks plus
 # the re-check of the WHERE clause on the newest row version make the
 # hand-out exactly-once.
+#
+# _claim makes a small n a literal (``{limit}``, one rendering per n), not a
+# parameter: with a parameter, PostgreSQL's generic plan assumes the LIMIT
+# keeps a tenth of the table, so it would never be chosen and every claim
+# would be planned afresh, which costs more server time than running it.
+# With the literal, the prepared statement settles on its generic plan (the
+# same index walks) after five executions. Each rendering is a prepared
+# statement with a cached plan (about 330 kB of server memory per pooled
+# connection), so only n up to _LITERAL_N_MAX get one; a larger batch runs
+# the parameter form, planned at each call, a cost shared by its n jobs.
 CLAIM = Statement(
     sql.SQL("""
-    WITH exhausted AS (
+    WITH paused AS (
+        -- A paused queue hands out nothing and changes nothing: one
+        -- primary-key probe, read once; every step below starts from a
+        -- CTE gated by it, so no row is even read.
+        SELECT 1 FROM {queues} WHERE name = %(queue)s AND paused
+    ), exhausted AS (
         SELECT id FROM {jobs}
         WHERE queue = %(queue)s AND state = 'processing'
           AND claim_deadline <= %(now)s AND attempts >= max_attempts
+          AND NOT EXISTS (SELECT FROM paused)
         FOR UPDATE SKIP LOCKED
     ), moved AS (
         DELETE FROM {jobs} WHERE id IN (SELECT id FROM exhausted)
@@ -124,6 +144,7 @@ CLAIM = Statement(
         -- there for sweep_expired, out of this range.
         SELECT id, priority, run_at, expires_at FROM {jobs}
         WHERE queue = %(queue)s AND state = 'scheduled' AND run_at <= %(now)s
+          AND NOT EXISTS (SELECT FROM paused)
         FOR UPDATE SKIP LOCKED
     ), due AS (
         -- run_at <= now still: version 1 rows, or an injected clock that
@@ -131,16 +152,18 @@ CLAIM = Statement(
         SELECT id, priority, run_at FROM {jobs}
         WHERE queue = %(queue)s AND state = 'pending' AND run_at <= %(now)s
           AND (expires_at IS NULL OR expires_at > %(now)s)
+          AND NOT EXISTS (SELECT FROM paused)
         ORDER BY priority DESC, run_at, id
-        LIMIT %(n)s
+        LIMIT {limit}
         FOR UPDATE SKIP LOCKED
     ), lapsed AS (
         SELECT id, priority, run_at FROM {jobs}
         WHERE queue = %(queue)s AND state = 'processing'
           AND claim_deadline <= %(now)s AND attempts < max_attempts
           AND (expires_at IS NULL OR expires_at > %(now)s)
+          AND NOT EXISTS (SELECT FROM paused)
         ORDER BY priority DESC, run_at, id
-        LIMIT %(n)s
+        LIMIT {limit}
         FOR UPDATE SKIP LOCKED
     ), picked AS (
         SELECT id FROM (
@@ -152,7 +175,7 @@ CLAIM = Statement(
             SELECT * FROM lapsed
         ) AS candidates
         ORDER BY priority DESC, run_at, id
-        LIMIT %(n)s
+        LIMIT {limit}
     ), promoted AS (
         -- An array, so that the plan is primary-key probes whatever the
         -- generic plan guesses about came_due's size.
@@ -173,6 +196,8 @@ CLAIM = Statement(
     moved=MOVED_COLUMNS,
     live=LIVE_COLUMNS,
     exceeded=sql.Literal(MAX_ATTEMPTS_EXCEEDED),
+    # The parameter form, for inspection (EXPLAIN); _claim_query renders n.
+    limit=sql.SQL("%(n)s"),
 )
 
 ACK_BATCH = sql.SQL("""
@@ -243,6 +268,20 @@ STATS = sql.SQL("""
 """)
 
 
+def _stamps(resolved: Resolved) -> tuple[Any, ...]:
+    """The row values every enqueue binds after the payload(s), in order."""
+    return (
+        resolved.priority,
+        resolved.run_at,
+        resolved.expires_at,
+        resolved.enqueued_at,
+        resolved.max_attempts,
+        resolved.visibility_timeout_s,
+        resolved.backoff_base_s,
+        resolved.backoff_cap_s,
+    )
+
+
 class PostgresQueue(Queue):
     """A handle on one named queue of a :class:`PostgresStore` (SPEC §2).
 
@@ -260,37 +299,37 @@ class PostgresQueue(Queue):
         """The NOTIFY channel that wakes this queue's subscribers."""
         return self._channel
 
-    def _stamps(self, resolved: Resolved) -> dict[str, Any]:
-        return {
-            "queue": self._name,
-            # The claim's walk never sees a row that is not due yet.
-            "state": "scheduled" if resolved.run_at > resolved.enqueued_at else "pending",
-            "channel": self._channel,
-            "priority": resolved.priority,
-            "run_at": resolved.run_at,
-            "expires_at": resolved.expires_at,
-            "enqueued_at": resolved.enqueued_at,
-            "max_attempts": resolved.max_attempts,
-            "visibility_timeout_s": resolved.visibility_timeout_s,
-            "backoff_base_s": resolved.backoff_base_s,
-            "backoff_cap_s": resolved.backoff_cap_s,
-        }
-
     # -- engine primitives ---------------------------------------------------
 
     def _insert(self, resolved: Resolved, payloads: Sequence[EncodedPayload]) -> list[int]:
         store = self._pg_store
-        params = self._stamps(resolved)
+        # The claim's walk never sees a row that is not due yet.
+        state = "scheduled" if resolved.run_at > resolved.enqueued_at else "pending"
+        stamps = _stamps(resolved)
         if len(payloads) == 1:
-            params["payload"], params["content_type"] = payloads[0]
-            query = store.sql(INSERT)
+            data, content_type = payloads[0]
+            statement = store.sql(INSERT)
+            params: tuple[Any, ...] = (self._name, state, data, content_type, *stamps)
         else:
-            params["payloads"] = [p.data for p in payloads]
-            params["content_types"] = [p.content_type for p in payloads]
-            query = store.sql(INSERT_MANY)
+            content_types = {p.content_type for p in payloads}
+            shared = content_types.pop() if len(content_types) == 1 else None
+            statement = store.sql(INSERT_MANY)
+            params = (
+                self._name,
+                state,
+                shared,
+                *stamps,
+                [p.data for p in payloads],
+                [] if shared else [p.content_type for p in payloads],
+            )
+        # Prepared on each pooled connection after its first use, parameters
+        # and results in binary: psycopg's own fast path.
         with store._db.connection() as conn:
-            rows = conn.execute(query, params, prepare=True, binary=True).fetchall()
-        return sorted(row[0] for row in rows)
+            row = conn.execute(
+                statement, (*params, self._channel), prepare=True, binary=True
+            ).fetchone()
+        assert row is not None
+        return [row[0]] if len(payloads) == 1 else sorted(row[0])
 
     def _insert_tx(self, conn: Any, resolved: Resolved, payload: EncodedPayload) -> int:
         if not isinstance(conn, psycopg.Connection):
@@ -308,10 +347,16 @@ class PostgresQueue(Queue):
                 TransactionStatus.UNKNOWN: "closed or broken",
             }.get(status, f"in state {status.name}")
             raise ValidationError(f"enqueue_tx: the connection is {state}")
-        params = self._stamps(resolved)
-        params["payload"], params["content_type"] = payload
-        # The caller's connection may have its own row factory; alkstore
-        # never commits or rolls it back.
+        params = (
+            self._name,
+            "scheduled" if resolved.run_at > resolved.enqueued_at else "pending",
+            payload.data,
+            payload.content_type,
+            *_stamps(resolved),
+            self._channel,
+        )
+        # The caller's connection may have its own row factory: a cursor of
+        # our own. alkstore never commits or rolls it back.
         with wrap_errors(), conn.cursor(row_factory=tuple_row) as cur:
             row = cur.execute(self._pg_store.sql(INSERT), params).fetchone()
         assert row is not None
@@ -322,9 +367,12 @@ class PostgresQueue(Queue):
         store = self._pg_store
         now = store._now()
         # LIMIT takes a bigint; no table holds more rows than that anyway.
-        params = {"queue": self._name, "now": now, "n": min(n, _INT64_MAX), "worker_id": worker_id}
+        n = min(n, _INT64_MAX)
+        # Every n above _LITERAL_N_MAX shares the parameter form.
+        query = _claim_query(store.schema, min(n, _LITERAL_N_MAX + 1))
+        params = {"queue": self._name, "now": now, "n": n, "worker_id": worker_id}
         with store._db.connection() as conn:
-            rows = conn.execute(store.sql(CLAIM), params, prepare=True, binary=True).fetchall()
+            rows = conn.execute(query, params, prepare=True, binary=True).fetchall()
         jobs = sorted(map(job_from_row, rows), key=_claim_order)
         return [PostgresJobHandle(self, job) for job in jobs]
 
@@ -395,6 +443,37 @@ class PostgresQueue(Queue):
             row = conn.execute(store.sql(STATS), params, binary=True).fetchone()
         assert row is not None
         return QueueStats(*row)
+
+    # -- pause and dead letters (docs/operations.md); the SQL is in
+    # _operations.
+
+    def _set_paused(self, paused: bool) -> bool:
+        return _operations.set_paused(self, paused)
+
+    def _is_paused(self) -> bool:
+        return _operations.is_paused(self)
+
+    def _dead_jobs(self, limit: int, after_id: int | None) -> list[Job]:
+        return _operations.dead_jobs(self, limit, after_id)
+
+    def _requeue(self, job_id: int, now: datetime, run_at: datetime) -> bool:
+        return _operations.requeue(self, job_id, now, run_at)
+
+    def _purge_dead(self, cutoff: datetime | None) -> int:
+        return _operations.purge_dead(self, cutoff)
+
+
+# The largest n whose claim has a rendering of its own (see CLAIM). A worker
+# claims its free slots, so it uses at most its concurrency's worth.
+_LITERAL_N_MAX = 16
+
+
+@functools.lru_cache(maxsize=64)
+def _claim_query(schema: str, n: int) -> bytes:
+    fragments = dict(CLAIM.fragments)
+    if n <= _LITERAL_N_MAX:
+        fragments["limit"] = sql.Literal(n)
+    return render(Statement(CLAIM.template, **fragments), schema)
 
 
 def _claim_order(job: Job) -> tuple[int, Any, int]:

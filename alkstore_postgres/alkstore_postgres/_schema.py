@@ -11,6 +11,15 @@ option ``schema=``), so none can collide with the application's tables:
     Dead letters, keyed by the job's own id.
 ``meta``
     ``schema_version``.
+``queues``
+    One row per queue that was ever paused: ``paused`` is the durable pause
+    flag every claim checks (a primary-key probe inside the claim).
+``schedules``
+    Named schedules (``alkstore._schedule.SCHEDULE_COLUMNS``), keyed by
+    name; ``schedules_due`` orders them by ``next_run_at`` for the ticks.
+``maintenance``
+    One row per maintenance task (the expiry sweep, ...): when its next
+    turn may be taken, whoever takes it.
 
 A live row's ``state`` is engine-private and finer than the public one
 (SPEC's ``pending``/``processing``), so that a claim never walks rows it
@@ -32,8 +41,9 @@ The claim (:mod:`alkstore_postgres._queue`) moves this queue's
 each row is moved once. Every statement still checks the instants
 themselves (``run_at <= now``): the state says where to look, never what is
 true, so an injected clock that moves backwards costs at most some skipped
-rows, never a wrong answer; and rows that version 1 wrote as ``pending``
-with a future ``run_at`` stay correct (they are only walked over).
+rows, never a wrong answer. Rows that version 1 wrote as ``pending`` with a
+future ``run_at`` were only walked over; version 3's migration moves them
+to ``scheduled``.
 
 Indexes keep the hot paths independent of the backlog: a claim walks
 ``jobs_pending`` in claim order and stops after ``n`` rows, takes the due
@@ -42,7 +52,12 @@ walks ``jobs_reclaim`` (every claim, in claim order, with its deadline in
 the key, so live claims are skipped inside the index) and stops after ``n``
 lapsed ones, and finds exhausted lapsed claims as a range of
 ``jobs_exhausted``; dead rows are in another table. ``sweep_expired`` reads
-``jobs_expiry`` and the retention purge ``dead_died``.
+``jobs_expiry`` and the retention purge ``dead_died``; the dead-letter
+pages are ranges of ``dead_queue`` (``queue, id``). The queue listing is a
+"loose index scan" (a recursive CTE that jumps from one queue name to the
+next) over ``jobs_pending``, ``jobs_scheduled``, ``jobs_reclaim`` (each
+partial index holds one state, and the three states are every live row)
+and ``dead_queue``: one descent per queue name, however many jobs wait.
 
 Migrations run in one transaction under an advisory lock keyed by the
 schema name, so when many processes open a store at once one of them
@@ -54,6 +69,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
+from datetime import datetime
 
 import psycopg
 from psycopg import sql
@@ -75,7 +91,7 @@ __all__ = [
 #: The schema used when the ``schema=`` option is not given.
 DEFAULT_SCHEMA = "alkstore"
 #: The newest schema version this code knows.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _VERSION_KEY = "schema_version"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]*")
@@ -188,6 +204,62 @@ _MIGRATIONS: tuple[tuple[sql.SQL, ...], ...] = (
         # reclaim walk every lapsed claim).
         sql.SQL("DROP INDEX {schema}.jobs_processing"),
     ),
+    # Version 3: queue pause, dead-letter pages, schedules, maintenance
+    # turns; and the leftover of version 2 (below).
+    (
+        # The claim probes this by primary key; a row stays (paused false)
+        # after a resume.
+        sql.SQL("""
+        CREATE TABLE {queues} (
+            name   text    PRIMARY KEY,
+            paused boolean NOT NULL
+        )
+        """),
+        # dead_jobs() pages (queue = ? AND id > ? ORDER BY id) and the
+        # queue listing's loose scan of the dead table.
+        sql.SQL("CREATE INDEX dead_queue ON {dead} (queue, id)"),
+        sql.SQL("""
+        CREATE TABLE {schedules} (
+            name          text        PRIMARY KEY,
+            spec          text        NOT NULL,
+            timezone      text        NOT NULL,
+            queue         text        NOT NULL,
+            payload_bytes bytea       NOT NULL,
+            content_type  text        NOT NULL,
+            options       text        NOT NULL,
+            revision      bigint      NOT NULL,
+            created_at    timestamptz NOT NULL,
+            next_run_at   timestamptz NOT NULL,
+            last_run_at   timestamptz,
+            last_job_id   bigint
+        )
+        """),
+        # A tick reads the due end of this.
+        sql.SQL("CREATE INDEX schedules_due ON {schedules} (next_run_at)"),
+        sql.SQL("""
+        CREATE TABLE {maintenance} (
+            task        text        PRIMARY KEY,
+            last_run_at timestamptz NOT NULL
+        )
+        """),
+        # Rows version 1 wrote as 'pending' with a future run_at leave the
+        # claim's path (version 2 left them there, walked over). "Future" is
+        # the migrating store's clock (the server's unless one is injected);
+        # any instant is correct, since every statement checks run_at itself
+        # and the claim takes due 'scheduled' rows. Idempotent: a second run
+        # finds none. One scan of the table, under the migration's lock.
+        sql.SQL("""
+        UPDATE {jobs} SET state = 'scheduled'
+        WHERE state = 'pending'
+          AND run_at > coalesce(%(now)s::timestamptz, statement_timestamp())
+        """),
+        # Every vacuum also cleans the indexes. By default PostgreSQL skips
+        # that when under 2% of the pages hold dead rows, and on a big table
+        # that leaves tens of thousands of acked jobs' entries in the claim
+        # walk's indexes: a claim at a million waiting cost 1.2-1.3x the one
+        # at ten thousand without this, 0.95-1.05x with it (bench/README.md).
+        sql.SQL("ALTER TABLE {jobs} SET (vacuum_index_cleanup = on)"),
+    ),
 )
 
 assert len(_MIGRATIONS) == SCHEMA_VERSION
@@ -238,9 +310,10 @@ def check_schema_name(name: object) -> str:
 
 
 class Statement:
-    """A statement template: SQL whose ``{jobs}``, ``{dead}``, ``{meta}`` and
-    ``{schema}`` are the store's names, plus named fragments (column lists,
-    literals) filled in at the same time.
+    """A statement template: SQL whose ``{jobs}``, ``{dead}``, ``{meta}``,
+    ``{queues}``, ``{schedules}``, ``{maintenance}`` and ``{schema}`` are the
+    store's names, plus named fragments (column lists, literals) filled in
+    at the same time.
 
     Parameters
     ----------
@@ -260,7 +333,8 @@ class Statement:
 def render(statement: Statement | sql.SQL, schema: str) -> bytes:
     """Render a statement for ``schema``.
 
-    ``{schema}``, ``{jobs}``, ``{dead}`` and ``{meta}`` become the quoted,
+    ``{schema}`` and the table names (``{jobs}``, ``{dead}``, ``{meta}``,
+    ``{queues}``, ``{schedules}``, ``{maintenance}``) become the quoted,
     schema-qualified names; the result is what psycopg sends (and keys its
     prepared statements by), so callers render each statement once.
     """
@@ -271,6 +345,9 @@ def render(statement: Statement | sql.SQL, schema: str) -> bytes:
         jobs=sql.Identifier(schema, "jobs"),
         dead=sql.Identifier(schema, "dead"),
         meta=sql.Identifier(schema, "meta"),
+        queues=sql.Identifier(schema, "queues"),
+        schedules=sql.Identifier(schema, "schedules"),
+        maintenance=sql.Identifier(schema, "maintenance"),
         **statement.fragments,
     ).as_bytes(None)
 
@@ -296,14 +373,16 @@ def read_version(conn: Conn, schema: str) -> int | None:
     return None if row is None else int(row[0])
 
 
-def migrate(conn: Conn, schema: str) -> None:
+def migrate(conn: Conn, schema: str, now: datetime | None = None) -> None:
     """Bring ``schema`` to :data:`SCHEMA_VERSION`; idempotent and safe when
     many processes run it at once.
 
     ``conn`` is an autocommit connection; the migration runs in its own
     transaction under a session-level advisory lock, released at the end. A
     schema already at this version costs one read and takes no lock (nor
-    needs ``CREATE`` privileges).
+    needs ``CREATE`` privileges). ``now`` is the store's injected clock's
+    reading, if it has one (statements that sort rows by time use it; the
+    server's time otherwise).
 
     Raises
     ------
@@ -341,9 +420,11 @@ def migrate(conn: Conn, schema: str) -> None:
                 if row is not None and row[0]:
                     conn.execute(render(_CREATE_SCHEMA, schema))
                 conn.execute(render(_CREATE_META, schema))
+            params = {"now": now}
             for statements in _MIGRATIONS[current:]:
                 for statement in statements:
-                    conn.execute(render(statement, schema))
+                    query = render(statement, schema)
+                    conn.execute(query, params if b"%(" in query else None)
             conn.execute(render(_WRITE_VERSION, schema), [_VERSION_KEY, SCHEMA_VERSION])
     finally:
         # On a broken connection the lock went with the session; keep the

@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
 from psycopg import sql
 
 from alkstore import QueueOpts, Store
-from alkstore.engine import check_engine_options, check_schema_version, duration_s, int_in_range
+from alkstore._schedule import Schedule
+from alkstore.engine import (
+    EncodedPayload,
+    Resolved,
+    check_engine_options,
+    check_schema_version,
+    duration_s,
+    int_in_range,
+)
 from alkstore.errors import ValidationError
-from alkstore_postgres import _schema
+from alkstore_postgres import _operations, _schedules, _schema
 from alkstore_postgres._clock import ServerClock
 from alkstore_postgres._connection import Conn, Database, wrap_errors
+from alkstore_postgres._maintenance import maintenance_turn
 from alkstore_postgres._queue import PostgresQueue
 from alkstore_postgres._schema import Statement
 from alkstore_postgres._subscription import PostgresSubscription
@@ -148,7 +158,7 @@ class PostgresStore(Store):
             try:
                 with wrap_errors():
                     if migrate:
-                        _schema.migrate(conn, self._schema)
+                        _schema.migrate(conn, self._schema, self._injected_now())
                     else:
                         found = _schema.read_version(conn, self._schema)
                         check_schema_version(found, _schema.SCHEMA_VERSION, migrating=False)
@@ -193,6 +203,11 @@ class PostgresStore(Store):
     def _connect_listener(self) -> Conn:
         return self._db.connect(application_name="alkstore-listener")
 
+    def _injected_now(self) -> datetime | None:
+        # The migration's "now": the injected clock's, else the server's own
+        # (the server clock is not sampled yet when the store opens).
+        return self._now() if self._clock_injected else None
+
     # -- engine primitives ---------------------------------------------------
 
     def _engine_now(self) -> datetime:
@@ -206,13 +221,52 @@ class PostgresStore(Store):
 
     def _migrate(self) -> None:
         with self._db.connection() as conn:
-            _schema.migrate(conn, self._schema)
+            _schema.migrate(conn, self._schema, self._injected_now())
 
     def _close(self) -> None:
         try:
             self._listener.stop()
         finally:
             self._db.close()
+
+    # -- queue listing, schedules, maintenance (docs/operations.md,
+    # docs/schedules.md); the SQL is in _operations, _schedules and
+    # _maintenance.
+
+    def _queue_names(self) -> list[str]:
+        return _operations.queue_names(self)
+
+    def _put_schedule(self, schedule: Schedule) -> Schedule:
+        return _schedules.put_schedule(self, schedule)
+
+    def _delete_schedule(self, name: str) -> bool:
+        return _schedules.delete_schedule(self, name)
+
+    def _list_schedules(self, due_at: datetime | None) -> list[Schedule]:
+        return _schedules.list_schedules(self, due_at)
+
+    def _fire_schedule(
+        self,
+        schedule: Schedule,
+        boundary: datetime,
+        next_run_at: datetime,
+        resolved: Resolved,
+        payload: EncodedPayload,
+    ) -> int | None:
+        return _schedules.fire_schedule(
+            self,
+            schedule,
+            boundary=boundary,
+            next_run_at=next_run_at,
+            resolved=resolved,
+            payload=payload,
+        )
+
+    def _skip_schedule(self, schedule: Schedule, next_run_at: datetime) -> bool:
+        return _schedules.skip_schedule(self, schedule, next_run_at)
+
+    def _maintenance_turn(self, task: str, interval_s: float) -> AbstractContextManager[bool]:
+        return maintenance_turn(self, task, interval_s)
 
 
 def open_store(url: str, **engine_options: Any) -> PostgresStore:

@@ -83,6 +83,23 @@ def test_enqueue_many_is_all_or_nothing(store: PostgresStore) -> None:
     assert q.enqueue_many([]) == []
 
 
+def test_enqueue_prepares_again_after_discard_all(
+    open_pg: Callable[..., PostgresStore],
+) -> None:
+    # The pool's enqueues are prepared statements (psycopg's prepare=True);
+    # a connection whose prepared statements were dropped (DEALLOCATE ALL or
+    # DISCARD ALL) prepares them again.
+    store = open_pg(pool_min_size=1, pool_max_size=1)
+    q = store.queue("again")
+    ids = [q.enqueue(1), *q.enqueue_many([2, b"3"])]
+    for command in ("DEALLOCATE ALL", "DISCARD ALL"):
+        with store._db.connection() as conn:
+            conn.execute(command)
+        ids += [q.enqueue(1), *q.enqueue_many([2, b"3"])]
+    assert ids == sorted(ids)
+    assert [q.get_job(i).payload for i in ids] == [1, 2, b"3"] * 3  # type: ignore[union-attr]
+
+
 def test_big_and_deep_payloads(store: PostgresStore) -> None:
     q = store.queue("big")
     blob = bytes(range(256)) * (16 * 2**20 // 256)  # 16 MiB

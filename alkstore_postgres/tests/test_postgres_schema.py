@@ -57,7 +57,14 @@ def test_tables_live_in_their_own_schema(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = %s ORDER BY 1",
         [schema],
     ).fetchall()
-    assert [t for (t,) in tables] == ["dead", "jobs", "meta"]
+    assert [t for (t,) in tables] == [
+        "dead",
+        "jobs",
+        "maintenance",
+        "meta",
+        "queues",
+        "schedules",
+    ]
     indexes = {
         name
         for (name,) in admin.execute(
@@ -71,6 +78,8 @@ def test_tables_live_in_their_own_schema(
         "jobs_exhausted",
         "jobs_expiry",
         "dead_died",
+        "dead_queue",
+        "schedules_due",
     } <= indexes
     assert "jobs_processing" not in indexes  # version 1's, replaced in version 2
     types = dict(
@@ -193,7 +202,12 @@ def test_version_1_is_migrated(
     assert "jobs_processing" not in indexes
     scheduled = q.enqueue("new", delay=120)  # the widened CHECK admits 'scheduled'
     assert q.stats() == (1, 2, 0, 0)
-    # The version 1 future row stays 'pending': correct, only walked over.
+    # Version 3's migration moved the version 1 future row to 'scheduled'
+    # (future at the migrating store's clock); the due one stays 'pending'.
+    states = admin.execute(
+        render(sql.SQL("SELECT priority, state FROM {jobs} ORDER BY id"), schema)
+    ).fetchall()
+    assert states == [(9, "scheduled"), (0, "pending"), (0, "scheduled")]
     handle = q.claim_one("w")
     assert handle is not None
     assert handle.payload == 1
@@ -367,14 +381,19 @@ def test_claims_stay_index_driven_and_flat(
     fill(admin, schema, _FILL, queue="big", priority=0, run_at=late, rows=100_000)
     fill(admin, schema, _FILL, queue="other", priority=9, run_at=early, rows=50_000)
     fill(admin, schema, _FILL_DEAD, queue="big", run_at=early, rows=100_000)
+    store.queue("other").pause()  # the claim's pause guard reads a row
     admin.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(schema, "jobs")))
     admin.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(schema, "dead")))
+    admin.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(schema, "queues")))
 
     buffers = {}
     for queue in ("small", "big"):
         plan = claim_plan(admin, schema, queue, T0)
         text = json.dumps(plan)
-        assert "Seq Scan" not in text, text
+        # Only the pause guard may read its table (a page) whole.
+        seq = {n["Relation Name"] for n in nodes(plan["Plan"]) if n["Node Type"] == "Seq Scan"}
+        assert seq <= {"queues"}, text
+        assert any(n.get("Relation Name") == "queues" for n in nodes(plan["Plan"])), text
         # Nothing big is sorted: no sort spills to disk.
         assert all(n.get("Sort Space Type", "Memory") == "Memory" for n in nodes(plan["Plan"]))
         scans = {n.get("Index Name") for n in nodes(plan["Plan"]) if "Index Name" in n}

@@ -1,0 +1,114 @@
+"""Maintenance turns (``Store._maintenance_turn``): which process runs a
+store-wide chore such as the expiry sweep, and when.
+
+A turn is given to at most one caller at a time and at most once per
+interval:
+
+* the ``maintenance`` table keeps, per task, the instant its last turn was
+  taken; a turn is due for a caller when that is at least the caller's own
+  interval ago (so a sweeper with a long interval never holds back one with
+  a short interval), and taking it sets it to ``now`` in one conditional
+  upsert, so two takers can never both see it due;
+* for the whole ``with`` block the taker holds a session-level advisory
+  lock (``pg_try_advisory_lock``, never waiting) keyed by the store's
+  schema and the task (:func:`advisory_key`), so a turn that outlasts its
+  interval still has no rival, and two stores in different schemas of one
+  database never block each other.
+
+The lock lives on a direct connection opened for the turn, not on a pool
+connection: the block itself runs queue operations through the pool, and
+with ``pool_max_size=1`` a held pool connection would starve them. The
+connection is opened only when the turn looks due (one pooled read of the
+task's row first), so a process asks for it about once per interval.
+Leaving the block unlocks and closes it, on an exception too; if the
+connection dies meanwhile the server drops the lock with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+import psycopg
+from psycopg import sql
+
+from alkstore_postgres._connection import wrap_errors
+
+if TYPE_CHECKING:
+    from alkstore_postgres._store import PostgresStore
+
+__all__ = ["advisory_key", "maintenance_turn"]
+
+_EARLIEST = datetime.min.replace(tzinfo=UTC)
+
+READ = sql.SQL("SELECT last_run_at FROM {maintenance} WHERE task = %(task)s")
+
+# Returns a row only when the turn was due (or the task new): the row lock
+# of ON CONFLICT makes concurrent takers see each other's advance.
+TAKE = sql.SQL("""
+    INSERT INTO {maintenance} AS m (task, last_run_at) VALUES (%(task)s, %(now)s)
+    ON CONFLICT (task) DO UPDATE SET last_run_at = excluded.last_run_at
+    WHERE m.last_run_at <= %(due_before)s
+    RETURNING 1
+""")
+
+
+def advisory_key(schema: str, task: str) -> int:
+    """The advisory lock key of ``task`` in the store schema ``schema``: a
+    64-bit hash of both (the migration's lock hashes another text)."""
+    text = f"alkstore maintenance {schema}\x00{task}"
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _before(now: datetime, interval_s: float) -> datetime:
+    try:
+        return now - timedelta(seconds=interval_s)
+    except OverflowError:
+        return _EARLIEST
+
+
+@contextlib.contextmanager
+def maintenance_turn(store: PostgresStore, task: str, interval_s: float) -> Iterator[bool]:
+    """``Store._maintenance_turn`` (module docstring).
+
+    Raises
+    ------
+    EngineError
+        If the database fails (before the block runs).
+    """
+    with store._db.connection() as pooled:
+        row = pooled.execute(store.sql(READ), {"task": task}, binary=True).fetchone()
+    if row is not None and row[0] > _before(store._now(), interval_s):
+        yield False
+        return
+    key = advisory_key(store.schema, task)
+    conn = store._db.connect(application_name="alkstore-maintenance")
+    try:
+        with wrap_errors():
+            locked = conn.execute("SELECT pg_try_advisory_lock(%s)", [key]).fetchone()
+            taken = False
+            if locked is not None and locked[0]:
+                # Read after the lock: a holder that just finished has
+                # advanced the row.
+                now = store._now()
+                params = {"task": task, "now": now, "due_before": _before(now, interval_s)}
+                taken = conn.execute(store.sql(TAKE), params).fetchone() is not None
+                if not taken:
+                    conn.execute("SELECT pg_advisory_unlock(%s)", [key])
+        if not taken:
+            conn.close()
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            # On a broken connection the lock went with the session; keep
+            # the block's own error.
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("SELECT pg_advisory_unlock(%s)", [key])
+    finally:
+        conn.close()
