@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from alkstore import _validation as v
+from alkstore._heartbeat import Beat, Heartbeater
 from alkstore._outcome import describe_exception
 from alkstore.errors import ValidationError
 
@@ -55,6 +56,10 @@ class Outbox:
     """
 
     def __init__(self, queue: Queue) -> None:
+        from alkstore._queue import Queue
+
+        if not isinstance(queue, Queue):
+            raise ValidationError(f"an Outbox needs a Queue, not {type(queue).__name__}")
         self._queue = queue
 
     def __repr__(self) -> str:
@@ -102,9 +107,11 @@ class Outbox:
         The messages ``send`` returned for are acked with one
         :meth:`Queue.ack_batch`; each one it raised for is retried with the
         exception's text as ``last_error`` and the queue's backoff (dead at
-        its attempt budget). If sending takes longer than half a visibility
-        timeout, the acks so far are flushed and the rest of the batch is
-        heartbeaten, so a slow batch is not handed out twice.
+        its attempt budget, with ``last_error = "max attempts exceeded"``,
+        SPEC §3). Until its ack or retry, every claimed message is
+        heartbeaten from a background thread every third of its visibility
+        timeout, as a worker's jobs are, so a slow ``send`` does not let the
+        batch lapse and be handed out again.
 
         Parameters
         ----------
@@ -126,9 +133,21 @@ class Outbox:
         ------
         StoreClosedError, ValidationError, EngineError
         """
-        return self._relay_batch(send, worker_id, batch_size)[1]
+        self._queue.store._check_open()
+        heartbeater = self._heartbeater()
+        try:
+            return self._relay_batch(send, worker_id, batch_size, heartbeater)[1]
+        finally:
+            heartbeater.stop()
 
-    def _relay_batch(self, send: Send, worker_id: str, batch_size: int) -> tuple[int, int]:
+    def _heartbeater(self) -> Heartbeater:
+        heartbeater = Heartbeater(f"alkstore-outbox-{self._queue.name}")
+        heartbeater.start()
+        return heartbeater
+
+    def _relay_batch(
+        self, send: Send, worker_id: str, batch_size: int, heartbeater: Heartbeater
+    ) -> tuple[int, int]:
         """Relay one batch; return (claimed, delivered)."""
         batch_size = v.int_in_range(batch_size, "batch_size", 1, 10_000)
         if not callable(send):
@@ -136,28 +155,23 @@ class Outbox:
         handles = self._queue.claim_batch(worker_id, batch_size)
         if not handles:
             return 0, 0
-        delivered = 0
+        beats = [heartbeater.add(handle) for handle in handles]
         done: list[int] = []
-        refresh_s = min(handle.job.visibility_timeout_s for handle in handles) / 2
-        refresh_at = time.monotonic() + refresh_s
         try:
-            for index, handle in enumerate(handles):
-                if time.monotonic() >= refresh_at:
-                    self._ack(done)
-                    done = []
-                    self._heartbeat(handles[index:])
-                    refresh_at = time.monotonic() + refresh_s
-                if self._send(send, handle):
+            for handle, beat in zip(handles, beats, strict=True):
+                if self._send(send, handle, beat, heartbeater):
                     done.append(handle.id)
-                    delivered += 1
         finally:
+            for beat in beats:
+                heartbeater.remove(beat)
             self._ack(done)
-        return len(handles), delivered
+        return len(handles), len(done)
 
-    def _send(self, send: Send, handle: JobHandle) -> bool:
+    def _send(self, send: Send, handle: JobHandle, beat: Beat, heartbeater: Heartbeater) -> bool:
         try:
             send(handle.job.payload)
         except Exception as exc:
+            heartbeater.remove(beat)  # before the retry, which spends the claim
             retried = handle.retry(describe_exception(exc))
             log.warning(
                 "outbox %r: sending message %d failed (attempt %d of %d)%s: %s",
@@ -178,11 +192,6 @@ class Outbox:
                 "they will be sent again",
                 self._queue.name,
             )
-
-    @staticmethod
-    def _heartbeat(handles: list[JobHandle]) -> None:
-        for handle in handles:
-            handle.heartbeat()
 
     def relay(
         self,
@@ -219,27 +228,34 @@ class Outbox:
         """
         poll_s = v.duration_s(poll_interval_s, "poll_interval_s", positive=True)
         v.worker_id(worker_id)
-        stop = stop or threading.Event()
+        if stop is None:
+            stop = threading.Event()
+        elif not isinstance(stop, threading.Event):
+            raise ValidationError(f"stop must be a threading.Event, not {type(stop).__name__}")
         total = 0
-        with self._queue.store.listen(self._queue.name) as subscription:
-            while not stop.is_set():
-                try:
-                    claimed, sent = self._relay_batch(send, worker_id, batch_size)
-                except ValidationError:
-                    raise
-                except Exception:
-                    if self._queue.store.closed:
+        heartbeater = self._heartbeater()
+        try:
+            with self._queue.store.listen(self._queue.name) as subscription:
+                while not stop.is_set():
+                    try:
+                        claimed, sent = self._relay_batch(send, worker_id, batch_size, heartbeater)
+                    except ValidationError:
                         raise
-                    log.warning(
-                        "outbox %r: relay failed; retrying", self._queue.name, exc_info=True
-                    )
-                    stop.wait(poll_s)
-                    continue
-                total += sent
-                if claimed < batch_size:  # drained: wait for a wake, the poll or stop
-                    deadline = time.monotonic() + poll_s
-                    while not stop.is_set():
-                        left = deadline - time.monotonic()
-                        if left <= 0 or subscription.wait(min(left, _STOP_SLICE_S)):
-                            break
+                    except Exception:
+                        if self._queue.store.closed:
+                            raise
+                        log.warning(
+                            "outbox %r: relay failed; retrying", self._queue.name, exc_info=True
+                        )
+                        stop.wait(poll_s)
+                        continue
+                    total += sent
+                    if claimed < batch_size:  # drained: wait for a wake, the poll or stop
+                        deadline = time.monotonic() + poll_s
+                        while not stop.is_set():
+                            left = deadline - time.monotonic()
+                            if left <= 0 or subscription.wait(min(left, _STOP_SLICE_S)):
+                                break
+        finally:
+            heartbeater.stop()
         return total

@@ -12,6 +12,7 @@ from alkstore import _validation as v
 from alkstore._codec import EncodedPayload
 from alkstore._cron import parse_schedule
 from alkstore._resolution import EnqueueOptions, resolve
+from alkstore._store import check_store
 from alkstore.errors import ValidationError
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ class Scheduler:
     """
 
     def __init__(self, store: Store, *, misfire_grace_s: object = DEFAULT_MISFIRE_GRACE_S) -> None:
-        self._store = store
+        self._store = check_store(store, "Scheduler")
         self._grace = timedelta(seconds=v.duration_s(misfire_grace_s, "misfire_grace_s"))
 
     def __repr__(self) -> str:

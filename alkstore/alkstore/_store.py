@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from alkstore._queue import Queue
     from alkstore._subscription import Subscription
 
-__all__ = ["Store"]
+__all__ = ["Store", "check_store"]
 
 log = logging.getLogger("alkstore")
 
@@ -166,7 +166,9 @@ class Store(abc.ABC):
         ----------
         name
             Unique within the store; the rule of a queue name. Saving an
-            existing name replaces it: boundaries count from now again.
+            existing name with the same definition changes nothing (startup
+            code may save its schedules every time); with another one it
+            replaces it, and boundaries count from now again.
         spec
             A 5-field cron expression read in ``timezone`` (Debian cron's
             rules, DST included), an alias (``@hourly``, ``@daily``,
@@ -232,6 +234,23 @@ class Store(abc.ABC):
                 f"got {catch_up!r}"
             )
         encoded = encode_payload(payload)
+        definition = {
+            "spec": parsed.spec,
+            "timezone": parsed.timezone,
+            "queue": queue_name,
+            "payload_bytes": encoded.data,
+            "content_type": encoded.content_type,
+            "priority": options.priority,
+            "max_attempts": options.max_attempts,
+            "expires_s": options.expires_s,
+            "queue_opts": opts,
+            "catch_up": catch_up,
+        }
+        for existing in self._list_schedules(None):
+            if existing.name == name and all(
+                getattr(existing, key) == value for key, value in definition.items()
+            ):
+                return existing  # the same definition: keep its boundaries
         now = self._now()
         return self._put_schedule(
             Schedule(
@@ -383,7 +402,22 @@ class Store(abc.ABC):
     def _maintenance_turn(self, task: str, interval_s: float) -> AbstractContextManager[bool]:
         """A context manager yielding whether this process may run the
         maintenance ``task`` now: ``True`` for at most one caller per
-        database while it is held, and only once per ``interval_s`` (a
-        durable per-task ``next_run_at``, advanced when the turn is taken).
+        database while it is held, and only if the task's last turn (a
+        durable per-task ``last_run_at``, set to now when a turn is taken)
+        is at least ``interval_s`` ago, so each caller's own interval
+        counts from whoever ran it last.
         PostgreSQL holds an advisory lock for the block; SQLite a file lock
         beside the database."""
+
+
+def check_store(store: object, what: str) -> Store:
+    """Return ``store`` if it is a :class:`Store`.
+
+    Raises
+    ------
+    ValidationError
+        Otherwise, naming ``what`` needed it.
+    """
+    if not isinstance(store, Store):
+        raise ValidationError(f"a {what} needs a Store, not {type(store).__name__}")
+    return store

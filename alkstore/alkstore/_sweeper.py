@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 from alkstore import _validation as v
 from alkstore._job import SweepResult
 from alkstore._options import QueueOpts
+from alkstore._store import check_store
+from alkstore.errors import ValidationError
 
 if TYPE_CHECKING:
     from alkstore._store import Store
@@ -59,7 +61,12 @@ class Sweeper:
         interval_s: object = DEFAULT_SWEEP_INTERVAL_S,
         retention: Mapping[str, object] | None = None,
     ) -> None:
-        self._store = store
+        self._store = check_store(store, "Sweeper")
+        if retention is not None and not isinstance(retention, Mapping):
+            raise ValidationError(
+                "retention must map queue names to seconds (a dict), "
+                f"not {type(retention).__name__}"
+            )
         self._interval_s = v.duration_s(interval_s, "interval_s", positive=True)
         self._opts = {
             v.queue_name(name): QueueOpts(

@@ -416,10 +416,11 @@ class Worker:
         ]
         pool = DaemonPool(self._concurrency, f"alkstore-job-{self._worker_id}")
         log.info(
-            "worker %s started: queues %s, concurrency %d%s",
+            "worker %s started: queues %s, concurrency %d%s%s",
             self._worker_id,
-            ", ".join(self._queue_names),
+            ", ".join(self._queue_names) or "none",
             self._concurrency,
+            f", relays {', '.join(self._app.relays)}" if relays else "",
             ", burst" if burst else "",
         )
         self._heartbeater.start()

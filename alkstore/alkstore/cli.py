@@ -18,6 +18,7 @@ import dataclasses
 import importlib
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -31,6 +32,7 @@ from urllib.parse import urlsplit, urlunsplit
 import click
 
 import alkstore
+from alkstore import _validation as v
 from alkstore._app import App
 from alkstore._job import Job, QueueStats
 from alkstore._queue import Queue
@@ -181,6 +183,17 @@ class _Context:
     def open(self, *, migrate: bool = True) -> Store:
         return alkstore.open(self.url, migrate=migrate)
 
+    @contextlib.contextmanager
+    def store(self, app_spec: str | None, *, migrate: bool) -> Iterator[Store]:
+        """The store of ``--app`` (its URL and engine options, ``schema=``
+        say), else of ``--url``; ``migrate=False`` never creates a schema."""
+        if app_spec:
+            with self.app(app_spec, migrate=None if migrate else False) as app:
+                yield app.store
+        else:
+            with self.open(migrate=migrate) as store:
+                yield store
+
 
 def _queues_of(
     ctx: _Context, names: Sequence[str], app_spec: str | None, *, migrate: bool
@@ -193,7 +206,7 @@ def _queues_of(
     stack = contextlib.ExitStack()
     if app_spec:
         app = stack.enter_context(ctx.app(app_spec, migrate=None if migrate else False))
-        all_names = list(dict.fromkeys([*names, *app.queue_names]))
+        all_names = list(dict.fromkeys([*names, *app.queue_names, *app.relays]))
         if not all_names:
             stack.close()
             _fail(f"{app_spec} has no tasks, so names no queue; add --queue NAME")
@@ -215,6 +228,35 @@ def _closing_on_error(stack: contextlib.ExitStack) -> Iterator[None]:
     except BaseException:
         stack.close()
         raise
+
+
+#: The ``--app`` option of the commands that only need the app's store.
+_APP_STORE = click.option(
+    "--app",
+    "app_spec",
+    envvar=APP_ENV,
+    metavar="MODULE:APP",
+    help="Use this app's store (its URL and engine options, e.g. schema=).",
+)
+
+#: The ``--log-level`` option of the long-running commands.
+_LOG_LEVEL = click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+)
+
+
+def _configure_logging(level: str) -> None:
+    """Log to stderr at ``level``, unless logging is configured already (by
+    an app's module, imported first)."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=level.upper(),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -276,12 +318,7 @@ def cli(click_ctx: click.Context, url: str | None, debug: bool) -> None:
 @click.option(
     "--worker-id", metavar="ID", help="Recorded on claimed jobs [default: host:pid:random]"
 )
-@click.option(
-    "--log-level",
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-    default="INFO",
-    show_default=True,
-)
+@_LOG_LEVEL
 @click.pass_obj
 def worker(
     ctx: _Context,
@@ -304,12 +341,7 @@ def worker(
     """
     app = ctx.app(app_spec)
     # After the import, so that logging configured by the app's module wins.
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=log_level.upper(),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-            stream=sys.stderr,
-        )
+    _configure_logging(log_level)
     with ctx.errors(), app:
         runner = app.worker(
             list(queues) or None,
@@ -508,22 +540,33 @@ def job(
 
 @cli.command()
 @click.argument("queue_name", metavar="QUEUE")
+@_APP_STORE
 @click.pass_obj
-def pause(ctx: _Context, *, queue_name: str) -> None:
+def pause(ctx: _Context, *, queue_name: str, app_spec: str | None) -> None:
     """Stop workers everywhere from claiming QUEUE's jobs (enqueues still land)."""
-    with ctx.errors(), ctx.open() as store:
+    _check_queue_name(ctx, queue_name)
+    with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
         changed = store.queue(queue_name).pause()
     click.echo(f"queue {queue_name} paused" if changed else f"queue {queue_name} was paused")
 
 
 @cli.command()
 @click.argument("queue_name", metavar="QUEUE")
+@_APP_STORE
 @click.pass_obj
-def resume(ctx: _Context, *, queue_name: str) -> None:
+def resume(ctx: _Context, *, queue_name: str, app_spec: str | None) -> None:
     """Let workers claim QUEUE's jobs again."""
-    with ctx.errors(), ctx.open() as store:
+    _check_queue_name(ctx, queue_name)
+    with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
         changed = store.queue(queue_name).resume()
     click.echo(f"queue {queue_name} resumed" if changed else f"queue {queue_name} was not paused")
+
+
+def _check_queue_name(ctx: _Context, name: str) -> None:
+    """Refuse a bad queue name before the store opens (SPEC §3: arguments
+    are checked before any I/O)."""
+    with ctx.errors():
+        v.queue_name(name)
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -549,13 +592,21 @@ def dead() -> None:
 @click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True)
 @click.option("--after", "after_id", type=click.IntRange(min=0), metavar="ID", help="Page on.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line.")
+@_APP_STORE
 @click.pass_obj
 def dead_list(
-    ctx: _Context, *, queue_name: str, limit: int, after_id: int | None, as_json: bool
+    ctx: _Context,
+    *,
+    queue_name: str,
+    limit: int,
+    after_id: int | None,
+    as_json: bool,
+    app_spec: str | None,
 ) -> None:
     """Show QUEUE's dead jobs in id order, --limit at a time (--after the
     last id shown for the next page)."""
-    with ctx.errors(), ctx.open(migrate=False) as store:
+    _check_queue_name(ctx, queue_name)
+    with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
         jobs = store.queue(queue_name).dead_jobs(limit, after_id)
     if as_json:
         for found in jobs:
@@ -583,15 +634,25 @@ def dead_list(
 @click.argument("job_ids", metavar="[ID]...", nargs=-1, type=click.IntRange(min=0))
 @click.option("--all", "every", is_flag=True, help="Requeue every dead job of QUEUE.")
 @click.option("--delay", type=click.FloatRange(min=0), metavar="SECONDS", help="Due this later.")
+@_APP_STORE
 @click.pass_obj
 def dead_requeue(
-    ctx: _Context, *, queue_name: str, job_ids: tuple[int, ...], every: bool, delay: float | None
+    ctx: _Context,
+    *,
+    queue_name: str,
+    job_ids: tuple[int, ...],
+    every: bool,
+    delay: float | None,
+    app_spec: str | None,
 ) -> None:
     """Move dead jobs of QUEUE back to pending with their attempts reset."""
+    _check_queue_name(ctx, queue_name)
     if bool(job_ids) == every:
         _fail("give the dead job ids to requeue, or --all (not both)")
+    if delay is not None and not math.isfinite(delay):
+        _fail(f"--delay must be a finite number of seconds, got {delay}")
     requeued = missing = 0
-    with ctx.errors(), ctx.open() as store:
+    with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
         queue = store.queue(queue_name)
         for job_id in job_ids or _every_dead_id(queue):
             if queue.requeue(job_id, delay=delay):
@@ -620,12 +681,16 @@ def _every_dead_id(queue: Queue) -> Iterator[int]:
     help="Only jobs dead at least this long [default: all].",
 )
 @click.option("--yes", is_flag=True, help="Purge all without asking.")
+@_APP_STORE
 @click.pass_obj
-def dead_purge(ctx: _Context, *, queue_name: str, older_than: float | None, yes: bool) -> None:
+def dead_purge(
+    ctx: _Context, *, queue_name: str, older_than: float | None, yes: bool, app_spec: str | None
+) -> None:
     """Delete QUEUE's dead jobs for good."""
+    _check_queue_name(ctx, queue_name)
     if older_than is None and not yes:
         click.confirm(f"delete every dead job of queue {queue_name}?", abort=True)
-    with ctx.errors(), ctx.open() as store:
+    with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
         purged = store.queue(queue_name).purge_dead(older_than)
     click.echo(f"{purged} dead job(s) purged")
 
@@ -635,10 +700,11 @@ def dead_purge(ctx: _Context, *, queue_name: str, older_than: float | None, yes:
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line.")
+@_APP_STORE
 @click.pass_obj
-def schedules(ctx: _Context, *, as_json: bool) -> None:
+def schedules(ctx: _Context, *, as_json: bool, app_spec: str | None) -> None:
     """Show the store's schedules and when each fires next."""
-    with ctx.errors(), ctx.open(migrate=False) as store:
+    with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
         found = store.schedules()
     if as_json:
         for item in found:
@@ -686,6 +752,7 @@ def schedules(ctx: _Context, *, as_json: bool) -> None:
 @click.option("--priority", type=int, help="Higher is claimed first.")
 @click.option("--max-attempts", type=int, help="Claims each job may consume.")
 @click.option("--expires", type=float, metavar="SECONDS", help="Expire unrun after this long.")
+@_APP_STORE
 @click.pass_obj
 def schedule(
     ctx: _Context,
@@ -699,6 +766,7 @@ def schedule(
     priority: int | None,
     max_attempts: int | None,
     expires: float | None,
+    app_spec: str | None,
 ) -> None:
     """Create or replace the schedule NAME: enqueue JSON into QUEUE on every
     boundary of SPEC ('30 2 * * *', '@daily', '@every 30s')."""
@@ -707,7 +775,7 @@ def schedule(
     except ValueError as exc:
         _fail(f"JSON is not valid JSON: {exc}")
     options = {"priority": priority, "max_attempts": max_attempts, "expires": expires}
-    with ctx.errors(), ctx.open() as store:
+    with ctx.errors(), ctx.store(app_spec, migrate=True) as store:
         saved = store.schedule(
             name,
             spec,
@@ -722,10 +790,11 @@ def schedule(
 
 @cli.command()
 @click.argument("name")
+@_APP_STORE
 @click.pass_obj
-def unschedule(ctx: _Context, *, name: str) -> None:
+def unschedule(ctx: _Context, *, name: str, app_spec: str | None) -> None:
     """Delete the schedule NAME (jobs it enqueued stay)."""
-    with ctx.errors(), ctx.open() as store:
+    with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
         deleted = store.unschedule(name)
     if not deleted:
         _fail(f"no schedule {name}")
@@ -741,26 +810,17 @@ def unschedule(ctx: _Context, *, name: str) -> None:
     metavar="SECONDS",
     help="Tick this often.",
 )
-@click.option(
-    "--log-level",
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-    default="INFO",
-    show_default=True,
-)
+@_LOG_LEVEL
+@_APP_STORE
 @click.pass_obj
-def scheduler(ctx: _Context, *, interval: float, log_level: str) -> None:
+def scheduler(ctx: _Context, *, interval: float, log_level: str, app_spec: str | None) -> None:
     """Fire the store's schedules until SIGTERM/SIGINT, without running jobs.
 
     Workers tick the scheduler themselves; run this when no worker does
     (workers started with tick_interval_s=None). Any number may run: each
     boundary fires once.
     """
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=log_level.upper(),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-            stream=sys.stderr,
-        )
+    _configure_logging(log_level)
     stop = threading.Event()
     signalled: list[int] = []  # the handler only appends (SPEC of stop_signals)
     failure: list[BaseException] = []
@@ -771,8 +831,8 @@ def scheduler(ctx: _Context, *, interval: float, log_level: str) -> None:
         except BaseException as exc:
             failure.append(exc)
 
-    with ctx.errors(), ctx.open() as store:
-        where = redact_url(ctx.url or alkstore.DEFAULT_URL)
+    with ctx.errors(), ctx.store(app_spec, migrate=True) as store:
+        where = app_spec or redact_url(ctx.url or alkstore.DEFAULT_URL)
         log.info("scheduler on %s, ticking every %g s", where, interval)
         ticker = threading.Thread(target=tick_until_stopped, args=(store,), name="alkstore-tick")
         with stop_signals(signalled.append, install=True):
@@ -786,10 +846,11 @@ def scheduler(ctx: _Context, *, interval: float, log_level: str) -> None:
 
 
 @cli.command()
+@_APP_STORE
 @click.pass_obj
-def migrate(ctx: _Context) -> None:
+def migrate(ctx: _Context, *, app_spec: str | None) -> None:
     """Create or upgrade the store's schema (idempotent)."""
-    with ctx.errors(), ctx.open() as store:
+    with ctx.errors(), ctx.store(app_spec, migrate=True) as store:
         store.migrate()
     click.echo("schema is up to date")
 

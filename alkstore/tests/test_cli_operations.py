@@ -83,6 +83,7 @@ def read(url: str) -> alkstore.Store:
 
 
 def test_pause_and_resume_print_the_change_and_gate_the_worker(project: Path, url: str) -> None:
+    ok(run(project, url, "migrate"))  # pause, like every operation, needs the schema
     assert ok(run(project, url, "pause", "mail")) == "queue mail paused\n"
     assert ok(run(project, url, "pause", "mail")) == "queue mail was paused\n"
     job_id = int(ok(run(project, url, "enqueue", "mail", '{"task": "send", "args": ["ada"]}')))
@@ -501,3 +502,34 @@ def test_scheduler_fires_a_schedule_then_exits_0_on_sigterm(project: Path) -> No
         assert (job.payload, job.state, job.run_at) == ({"n": 1}, "pending", ticker.last_run_at)
         assert ticker.last_run_at.microsecond == 0  # a whole-second boundary
         assert ticker.next_run_at == ticker.last_run_at + timedelta(seconds=1)
+
+
+def test_app_gives_the_operations_commands_its_store(project: Path, url: str) -> None:
+    """``--app`` reaches the app's own store (its URL and engine options:
+    docs/command.md), here ``jobs:other`` on ``sqlite:///other.db``."""
+    ok(command(project, "migrate", "--app", "jobs:other"))
+    assert ok(command(project, "pause", "mail", "--app", "jobs:other")) == "queue mail paused\n"
+    with alkstore.open(f"sqlite:///{project / 'other.db'}") as other:
+        assert other.queue("mail").is_paused()
+    assert not (project / "alkstore.db").exists()
+    assert ok(command(project, "schedules", "--app", "jobs:other")) == "no schedules\n"
+
+
+@pytest.mark.parametrize("args", [("dead", "purge", "mail", "--yes"), ("pause", "mail")])
+def test_writing_operations_never_create_a_database(project: Path, args: Sequence[str]) -> None:
+    line = one_line_error(run(project, f"sqlite:///{project / 'typo.db'}", *args))
+    assert "alkstore migrate" in line
+    assert not (project / "typo.db").exists()
+
+
+def test_dead_requeue_refuses_a_delay_that_is_not_finite(project: Path, url: str) -> None:
+    ok(run(project, url, "migrate"))
+    line = one_line_error(run(project, url, "dead", "requeue", "mail", "--all", "--delay", "nan"))
+    assert "--delay must be a finite number of seconds, got nan" in line
+
+
+def test_scheduler_and_sweeper_need_a_store() -> None:
+    with pytest.raises(alkstore.ValidationError, match="a Scheduler needs a Store, not NoneType"):
+        alkstore.Scheduler(None)  # type: ignore[arg-type]
+    with pytest.raises(alkstore.ValidationError, match="a Sweeper needs a Store, not NoneType"):
+        alkstore.Sweeper(None)  # type: ignore[arg-type]

@@ -4,8 +4,10 @@ store-wide chore such as the expiry sweep, and when.
 A turn is given to at most one caller at a time and at most once per
 interval:
 
-* the ``_alkstore_maintenance`` table keeps, per task, the instant its next
-  turn may be taken; taking a turn moves it to ``now + interval`` in one
+* the ``_alkstore_maintenance`` table keeps, per task, the instant its last
+  turn was taken; a turn is due for a caller when that is at least the
+  caller's own interval ago (so a sweeper with a long interval never holds
+  back one with a short interval), and taking it sets it to ``now`` in one
   conditional upsert, which SQLite's write lock serialises, so two takers
   never both see it due;
 * for the whole ``with`` block the taker holds an exclusive lock on a lock
@@ -43,16 +45,15 @@ if TYPE_CHECKING:
 
 __all__ = ["lock_path", "maintenance_turn"]
 
-_INT64_MAX = 2**63 - 1
 # A task name used verbatim in the lock file's name; others are hashed.
 _PLAIN_TASK = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
-_READ = "SELECT next_run_at FROM _alkstore_maintenance WHERE task = ?"
+_READ = "SELECT last_run_at FROM _alkstore_maintenance WHERE task = ?"
 # Counts a row only when the turn was due (or the task new).
 _TAKE = """
-    INSERT INTO _alkstore_maintenance (task, next_run_at) VALUES (:task, :next_run_at)
-    ON CONFLICT (task) DO UPDATE SET next_run_at = excluded.next_run_at
-    WHERE next_run_at <= :now
+    INSERT INTO _alkstore_maintenance (task, last_run_at) VALUES (:task, :now)
+    ON CONFLICT (task) DO UPDATE SET last_run_at = excluded.last_run_at
+    WHERE last_run_at <= :due_before
 """
 
 if sys.platform == "win32":
@@ -124,7 +125,8 @@ def maintenance_turn(store: SqliteStore, task: str, interval_s: float) -> Iterat
         If the database or the lock file fails (before the block runs).
     """
     row = store._pool.run(_fetchone, _READ, (task,))
-    if row is not None and row[0] > to_us(store._now()):
+    interval_us = seconds_to_us(interval_s)
+    if row is not None and row[0] > to_us(store._now()) - interval_us:
         yield False
         return
     fd = _acquire(lock_path(store.path, task))
@@ -135,11 +137,7 @@ def maintenance_turn(store: SqliteStore, task: str, interval_s: float) -> Iterat
         # Read after the lock: a holder that just finished has advanced the
         # row.
         now = to_us(store._now())
-        params = {
-            "task": task,
-            "now": now,
-            "next_run_at": min(now + seconds_to_us(interval_s), _INT64_MAX),
-        }
+        params = {"task": task, "now": now, "due_before": now - interval_us}
         taken = store._pool.run(_rowcount, _TAKE, params) == 1
     except BaseException:
         _release(fd)

@@ -28,7 +28,7 @@ application's own tables in the same file:
     Named schedules (:mod:`alkstore_sqlite._schedules`), found by name or
     in ``next_run_at`` order.
 ``_alkstore_maintenance``
-    Per maintenance task, when the next turn may be taken
+    Per maintenance task, when its last turn was taken
     (:mod:`alkstore_sqlite._maintenance`).
 
 A live row's ``state`` is engine-private and finer than the public one
@@ -298,7 +298,7 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """
         CREATE TABLE _alkstore_maintenance (
             task        TEXT    PRIMARY KEY,
-            next_run_at INTEGER NOT NULL
+            last_run_at INTEGER NOT NULL
         ) WITHOUT ROWID
         """,
     ),

@@ -53,7 +53,7 @@ class _Database:
     latches: dict[str, list[WakeLatch]] = field(default_factory=dict)
     schedules: dict[str, Schedule] = field(default_factory=dict)
     #: per maintenance task: the instant its next turn may be taken
-    maintenance_due: dict[str, datetime] = field(default_factory=dict)
+    maintenance_last: dict[str, datetime] = field(default_factory=dict)
     maintenance_locks: dict[str, threading.Lock] = field(default_factory=dict)
 
     def insert(
@@ -181,10 +181,10 @@ class MemoryStore(Store):
         try:
             now = self._now()
             with self.db.lock:
-                due = self.db.maintenance_due.get(task)
-                mine = due is None or now >= due
+                last = self.db.maintenance_last.get(task)
+                mine = last is None or now - last >= timedelta(seconds=interval_s)
                 if mine:
-                    self.db.maintenance_due[task] = now + timedelta(seconds=interval_s)
+                    self.db.maintenance_last[task] = now
             yield mine
         finally:
             held.release()

@@ -155,6 +155,19 @@ class ScheduleTests(ContractFixtures):
         assert store.schedule("s", "@every 1m", "other", "new").revision == 3
         assert job(store.queue("jobs"), fired).payload == "old"
 
+    def test_saving_the_same_definition_again_keeps_a_due_boundary(
+        self, store: Store, clock: ManualClock
+    ) -> None:
+        """Startup code saving its schedules on every start must not drop the
+        boundary that came due just before (docs/schedules.md)."""
+        saved = store.schedule("s", "@every 10s", "jobs", {"k": 1}, priority=2)
+        clock.set(at(10) + MICRO)  # due, not yet ticked
+        again = store.schedule("s", "@every 10s", "jobs", {"k": 1}, priority=2)
+        assert again == saved
+        assert again.revision == 1
+        (fired,) = Scheduler(store).tick()
+        assert job(store.queue("jobs"), fired).run_at == at(10)
+
     def test_schedules_are_listed_by_name(self, store: Store) -> None:
         for name in ("b", "a", "C", "a.1"):
             store.schedule(name, "@hourly", "jobs", name)
@@ -657,6 +670,24 @@ class SweeperTests(ContractFixtures):
         assert two.run_once() is None
         clock.set(at(119))
         assert one.run_once() is None
+
+    def test_each_sweeper_counts_its_own_interval_from_the_last_sweep(
+        self, store: Store, open_store: StoreFactory, clock: ManualClock
+    ) -> None:
+        """A daily sweeper does not silence a per-minute one: the record is
+        when the last sweep ran, and each caller applies its own interval."""
+        daily = Sweeper(store, interval_s=86_400)
+        minutely = Sweeper(open_store(), interval_s=60)
+        assert daily.run_once() == {}
+        clock.set(at(60) - MICRO)
+        assert minutely.run_once() is None
+        clock.set(at(60))
+        assert minutely.run_once() == {}
+        clock.set(at(3600))
+        assert daily.run_once() is None  # 3,540 s since the last sweep, anyone's
+        assert minutely.run_once() == {}
+        clock.set(at(3600 + 86_400))
+        assert daily.run_once() == {}
 
     def test_a_turn_in_progress_excludes_every_other_sweeper(
         self, store: Store, open_store: StoreFactory, clock: ManualClock
