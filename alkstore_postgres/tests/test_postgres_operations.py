@@ -442,7 +442,8 @@ def test_the_guard_refuses_a_stale_snapshot(store: PostgresStore, clock: ManualC
     (moved,) = store.schedules()
     assert moved.next_run_at == later
     assert moved.last_run_at is None
-    replaced = store.schedule("s", "@every 10s", "q", 1)
+    assert store.schedule("s", "@every 10s", "q", 1) == moved  # the same definition: kept
+    replaced = store.schedule("s", "@every 10s", "q", 2)
     assert not store._skip_schedule(moved, later + timedelta(seconds=10))  # revision moved
     assert store._skip_schedule(replaced, later)
 
