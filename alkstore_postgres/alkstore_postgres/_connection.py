@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import contextlib
 import select
+import struct
 from collections.abc import Iterator
 from typing import Any, TypeAlias
 
 import psycopg
+from psycopg.adapt import Dumper
+from psycopg.pq import Format
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolClosed
 
 from alkstore.errors import EngineError, StoreClosedError
 
-__all__ = ["Conn", "Database", "engine_error", "wrap_errors"]
+__all__ = ["ByteaArray", "Conn", "Database", "engine_error", "wrap_errors"]
 
 #: A psycopg connection returning rows as tuples.
 Conn: TypeAlias = psycopg.Connection[TupleRow]
@@ -54,6 +57,46 @@ def wrap_errors() -> Iterator[None]:
         raise engine_error(error) from error
 
 
+class ByteaArray:
+    """A list of ``bytes`` to send as one binary ``bytea[]`` parameter.
+
+    psycopg adapts a Python list item by item, which was two thirds of an
+    ``enqueue_many(1000)``'s client time; :class:`_ByteaArrayDumper`, a
+    dumper registered through psycopg's public adaptation API, writes the
+    array in one pass instead.
+    """
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list[bytes]) -> None:
+        self.items = items
+
+
+# PostgreSQL's binary array format (src/backend/utils/adt/arrayfuncs.c,
+# array_send): dimensions, has-nulls flag, element type, then per dimension
+# its length and lower bound; then each element as its length and bytes.
+_ARRAY_HEADER = struct.Struct("!iiiii")
+_ITEM_LENGTH = struct.Struct("!i")
+_BYTEA_OID = 17
+_BYTEA_ARRAY_OID = 1001
+
+
+class _ByteaArrayDumper(Dumper):
+    format = Format.BINARY
+    oid = _BYTEA_ARRAY_OID
+
+    def dump(self, obj: ByteaArray) -> bytes:
+        parts = [_ARRAY_HEADER.pack(1, 0, _BYTEA_OID, len(obj.items), 1)]
+        for item in obj.items:
+            parts.append(_ITEM_LENGTH.pack(len(item)))
+            parts.append(item)
+        return b"".join(parts)
+
+
+def _configure(conn: Conn) -> None:
+    conn.adapters.register_dumper(ByteaArray, _ByteaArrayDumper)
+
+
 class Database:
     """The connections of one store: a pool for operations, and direct
     connections for migrations and the LISTEN connection.
@@ -80,6 +123,7 @@ class Database:
         self._pool: ConnectionPool[Conn] = ConnectionPool(
             conninfo,
             kwargs={"autocommit": True},
+            configure=_configure,
             min_size=min_size,
             max_size=max_size,
             timeout=timeout_s,

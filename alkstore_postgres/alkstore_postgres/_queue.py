@@ -24,7 +24,7 @@ from alkstore import Job, JobHandle, Queue, QueueOpts, QueueStats, SweepResult
 from alkstore.engine import EXPIRED, MAX_ATTEMPTS_EXCEEDED, EncodedPayload, Resolved
 from alkstore.errors import EngineError, ValidationError
 from alkstore_postgres import _operations
-from alkstore_postgres._connection import wrap_errors
+from alkstore_postgres._connection import ByteaArray, wrap_errors
 from alkstore_postgres._handle import PostgresJobHandle
 from alkstore_postgres._rows import DEAD_COLUMNS, LIVE_COLUMNS, MOVED_COLUMNS, job_from_row
 from alkstore_postgres._schema import Statement, render
@@ -319,7 +319,7 @@ class PostgresQueue(Queue):
                 state,
                 shared,
                 *stamps,
-                [p.data for p in payloads],
+                ByteaArray([p.data for p in payloads]),
                 [] if shared else [p.content_type for p in payloads],
             )
         # Prepared on each pooled connection after its first use, parameters
