@@ -58,6 +58,7 @@ class Scheduler:
     def __init__(self, store: Store, *, misfire_grace_s: object = DEFAULT_MISFIRE_GRACE_S) -> None:
         self._store = check_store(store, "Scheduler")
         self._grace = timedelta(seconds=v.duration_s(misfire_grace_s, "misfire_grace_s"))
+        self._unreadable: set[tuple[str, int]] = set()
 
     def __repr__(self) -> str:
         return f"<Scheduler of {self._store!r}>"
@@ -88,9 +89,15 @@ class Scheduler:
         for schedule in store._list_schedules(now):
             try:
                 spec = parse_schedule(schedule.spec, schedule.timezone)
-            except ValidationError:
-                # Only if the zone vanished from this host's tz database.
-                log.exception("schedule %r cannot be evaluated here; skipped", schedule.name)
+            except ValidationError as exc:
+                # Only if the zone vanished from this host's tz database:
+                # said once per schedule revision, not on every tick.
+                key = (schedule.name, schedule.revision)
+                if key not in self._unreadable:
+                    self._unreadable.add(key)
+                    log.error(
+                        "schedule %r cannot be evaluated here; skipped: %s", schedule.name, exc
+                    )
                 continue
             boundary = spec.latest_at_or_before(now) or schedule.next_run_at
             boundary = max(boundary, schedule.next_run_at)
