@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import json
 import logging
 import random
 import threading
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 from alkstore import _validation as v
 from alkstore._backoff import Rng
 from alkstore._clock import Clock, check_clock, read_clock
-from alkstore._codec import EncodedPayload, encode_payload
+from alkstore._codec import JSON, EncodedPayload, encode_payload
 from alkstore._options import QueueOpts
 from alkstore._resolution import Resolved
 from alkstore._resolution import enqueue_options as check_enqueue_options
@@ -234,44 +235,29 @@ class Store(abc.ABC):
                 f"got {catch_up!r}"
             )
         encoded = encode_payload(payload)
-        definition = {
-            "spec": parsed.spec,
-            "timezone": parsed.timezone,
-            "queue": queue_name,
-            "payload_bytes": encoded.data,
-            "content_type": encoded.content_type,
-            "priority": options.priority,
-            "max_attempts": options.max_attempts,
-            "expires_s": options.expires_s,
-            "queue_opts": opts,
-            "catch_up": catch_up,
-        }
-        for existing in self._list_schedules(None):
-            if existing.name == name and all(
-                getattr(existing, key) == value for key, value in definition.items()
-            ):
-                return existing  # the same definition: keep its boundaries
         now = self._now()
-        return self._put_schedule(
-            Schedule(
-                name=name,
-                spec=parsed.spec,
-                timezone=parsed.timezone,
-                queue=queue_name,
-                payload_bytes=encoded.data,
-                content_type=encoded.content_type,
-                priority=options.priority,
-                max_attempts=options.max_attempts,
-                expires_s=options.expires_s,
-                queue_opts=opts,
-                catch_up=catch_up,  # checked above
-                revision=0,
-                created_at=now,
-                next_run_at=parsed.next_after(now),
-                last_run_at=None,
-                last_job_id=None,
-            )
+        schedule = Schedule(
+            name=name,
+            spec=parsed.spec,
+            timezone=parsed.timezone,
+            queue=queue_name,
+            payload_bytes=encoded.data,
+            content_type=encoded.content_type,
+            priority=options.priority,
+            max_attempts=options.max_attempts,
+            expires_s=options.expires_s,
+            queue_opts=opts,
+            catch_up=catch_up,  # checked above
+            revision=0,
+            created_at=now,
+            next_run_at=parsed.next_after(now),
+            last_run_at=None,
+            last_job_id=None,
         )
+        for existing in self._list_schedules(None):
+            if existing.name == name and _same_jobs(existing, schedule):
+                return existing  # the same definition: keep its boundaries
+        return self._put_schedule(schedule)
 
     def unschedule(self, name: str) -> bool:
         """Delete the schedule ``name``; jobs it already enqueued stay.
@@ -421,3 +407,27 @@ def check_store(store: object, what: str) -> Store:
     if not isinstance(store, Store):
         raise ValidationError(f"a {what} needs a Store, not {type(store).__name__}")
     return store
+
+
+def _same_jobs(one: Schedule, other: Schedule) -> bool:
+    """Whether two schedules enqueue the same jobs on the same boundaries:
+    the same spec, zone, queue, policy and stamped options, the same
+    payload value (JSON key order aside), and the same effective priority,
+    attempts and expiry (``None`` meaning the queue options' value)."""
+
+    def effective(s: Schedule) -> tuple[object, ...]:
+        opts = s.queue_opts
+        return (
+            s.spec,
+            s.timezone,
+            s.queue,
+            s.catch_up,
+            opts,
+            s.content_type,
+            s.payload_bytes if s.content_type != JSON else json.dumps(s.payload, sort_keys=True),
+            opts.priority if s.priority is None else s.priority,
+            opts.max_attempts if s.max_attempts is None else s.max_attempts,
+            opts.expires_s if s.expires_s is None else s.expires_s,
+        )
+
+    return effective(one) == effective(other)

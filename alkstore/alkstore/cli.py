@@ -34,6 +34,7 @@ import click
 import alkstore
 from alkstore import _validation as v
 from alkstore._app import App
+from alkstore._cron import parse_schedule
 from alkstore._job import Job, QueueStats
 from alkstore._queue import Queue
 from alkstore._schedule import CATCH_UP_POLICIES
@@ -775,6 +776,10 @@ def schedule(
     except ValueError as exc:
         _fail(f"JSON is not valid JSON: {exc}")
     options = {"priority": priority, "max_attempts": max_attempts, "expires": expires}
+    with ctx.errors():  # what can be checked before the store opens
+        v.queue_name(name, "schedule name")
+        v.queue_name(queue_name)
+        parse_schedule(spec, timezone)
     with ctx.errors(), ctx.store(app_spec, migrate=True) as store:
         saved = store.schedule(
             name,
@@ -794,6 +799,8 @@ def schedule(
 @click.pass_obj
 def unschedule(ctx: _Context, *, name: str, app_spec: str | None) -> None:
     """Delete the schedule NAME (jobs it enqueued stay)."""
+    with ctx.errors():
+        v.queue_name(name, "schedule name")
     with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
         deleted = store.unschedule(name)
     if not deleted:

@@ -533,3 +533,22 @@ def test_scheduler_and_sweeper_need_a_store() -> None:
         alkstore.Scheduler(None)  # type: ignore[arg-type]
     with pytest.raises(alkstore.ValidationError, match="a Sweeper needs a Store, not NoneType"):
         alkstore.Sweeper(None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("schedule", "s", "@every 1h", "bad name", "1"), "queue name 'bad name'"),
+        (("schedule", "bad name", "@every 1h", "q", "1"), "schedule name 'bad name'"),
+        (("schedule", "s", "bogus spec", "q", "1"), "invalid cron expression 'bogus spec'"),
+        (("schedule", "s", "@hourly", "q", "1", "--timezone", "Mars/Base"), "Mars/Base"),
+        (("unschedule", "bad name"), "schedule name 'bad name'"),
+    ],
+)
+def test_schedule_arguments_are_checked_before_the_store_opens(
+    project: Path, args: Sequence[str], message: str
+) -> None:
+    line = one_line_error(run(project, f"sqlite:///{project / 'typo.db'}", *args))
+    assert message in line
+    assert "(ValidationError)" in line
+    assert not (project / "typo.db").exists()

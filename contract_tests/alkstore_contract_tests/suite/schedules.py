@@ -168,6 +168,18 @@ class ScheduleTests(ContractFixtures):
         (fired,) = Scheduler(store).tick()
         assert job(store.queue("jobs"), fired).run_at == at(10)
 
+    def test_a_re_save_that_enqueues_the_same_jobs_is_the_same_definition(
+        self, store: Store, clock: ManualClock
+    ) -> None:
+        """Defaults spelled out and JSON key order do not change the jobs;
+        a payload of another JSON type does (``True`` is not ``1``)."""
+        saved = store.schedule("s", "@every 10s", "jobs", {"a": 1, "b": 2})
+        assert store.schedule("s", "@every 10s", "jobs", {"b": 2, "a": 1}) == saved
+        assert store.schedule("s", "@every 10s", "jobs", {"a": 1, "b": 2}, priority=0) == saved
+        assert store.schedule("s", "@every 10s", "jobs", {"a": 1, "b": 2}, max_attempts=5) == saved
+        assert store.schedule("s", "@every 10s", "jobs", {"a": True, "b": 2}).revision == 2
+        assert store.schedule("s", "@every 10s", "jobs", {"a": 1.0, "b": 2}).revision == 3
+
     def test_schedules_are_listed_by_name(self, store: Store) -> None:
         for name in ("b", "a", "C", "a.1"):
             store.schedule(name, "@hourly", "jobs", name)
