@@ -25,11 +25,20 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from alkstore.errors import EngineError, StoreClosedError
 
-__all__ = ["ConnectionPool", "connect", "engine_error", "is_busy", "run_in_transaction"]
+__all__ = [
+    "ConnectionPool",
+    "connect",
+    "engine_error",
+    "fetchall",
+    "fetchone",
+    "is_busy",
+    "rowcount",
+    "run_in_transaction",
+]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -273,3 +282,21 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# One statement on a borrowed connection, for ``ConnectionPool.run``.
+
+
+def rowcount(conn: sqlite3.Connection, sql: str, params: Any) -> int:
+    """Run ``sql``; how many rows it changed."""
+    return conn.execute(sql, params).rowcount
+
+
+def fetchone(conn: sqlite3.Connection, sql: str, params: Any) -> Any:
+    """Run ``sql``; its first row, or ``None``."""
+    return conn.execute(sql, params).fetchone()
+
+
+def fetchall(conn: sqlite3.Connection, sql: str, params: Any) -> list[Any]:
+    """Run ``sql``; all its rows."""
+    return conn.execute(sql, params).fetchall()

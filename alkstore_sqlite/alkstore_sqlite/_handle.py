@@ -7,6 +7,7 @@ import sqlite3
 from typing import TYPE_CHECKING, Any
 
 from alkstore import Job, JobHandle
+from alkstore_sqlite._connection import rowcount
 from alkstore_sqlite._rows import bury_sql, seconds_to_us, to_us
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ class SqliteJobHandle(JobHandle):
         }
 
     def _write(self, sql: str, params: dict[str, Any]) -> bool:
-        return self._queue._store._pool.run(_rowcount, sql, params) == 1
+        return self._queue._store._pool.run(rowcount, sql, params) == 1
 
     def _ack(self) -> bool:
         return self._write(_ACK, self._params())
@@ -77,10 +78,6 @@ class SqliteJobHandle(JobHandle):
         params = self._params()
         params["deadline"] = params["now"] + max(1, seconds_to_us(extend_s))
         return self._write(_HEARTBEAT, params)
-
-
-def _rowcount(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> int:
-    return conn.execute(sql, params).rowcount
 
 
 def _bury(conn: sqlite3.Connection, params: dict[str, Any]) -> bool:

@@ -32,12 +32,12 @@ import contextlib
 import hashlib
 import os
 import re
-import sqlite3
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from alkstore.errors import EngineError
+from alkstore_sqlite._connection import fetchone, rowcount
 from alkstore_sqlite._rows import seconds_to_us, to_us
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def maintenance_turn(store: SqliteStore, task: str, interval_s: float) -> Iterat
     EngineError
         If the database or the lock file fails (before the block runs).
     """
-    row = store._pool.run(_fetchone, _READ, (task,))
+    row = store._pool.run(fetchone, _READ, (task,))
     interval_us = seconds_to_us(interval_s)
     if row is not None and row[0] > to_us(store._now()) - interval_us:
         yield False
@@ -138,7 +138,7 @@ def maintenance_turn(store: SqliteStore, task: str, interval_s: float) -> Iterat
         # row.
         now = to_us(store._now())
         params = {"task": task, "now": now, "due_before": now - interval_us}
-        taken = store._pool.run(_rowcount, _TAKE, params) == 1
+        taken = store._pool.run(rowcount, _TAKE, params) == 1
     except BaseException:
         _release(fd)
         raise
@@ -150,11 +150,3 @@ def maintenance_turn(store: SqliteStore, task: str, interval_s: float) -> Iterat
         yield True
     finally:
         _release(fd)
-
-
-def _fetchone(conn: sqlite3.Connection, sql: str, params: Any) -> Any:
-    return conn.execute(sql, params).fetchone()
-
-
-def _rowcount(conn: sqlite3.Connection, sql: str, params: Any) -> int:
-    return conn.execute(sql, params).rowcount

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from alkstore import Job
+from alkstore_sqlite._connection import fetchall, fetchone, rowcount
 from alkstore_sqlite._rows import DEAD_COLUMNS, jobs_from_rows, to_us
 from alkstore_sqlite._wake import notify_wake, record_wake
 
@@ -123,7 +124,7 @@ def set_paused(queue: SqliteQueue, paused: bool) -> bool:
     resume wakes the queue's subscriptions in every process."""
     store = queue._store
     if paused:
-        return store._pool.run(_rowcount, _PAUSE, (queue.name,)) == 1
+        return store._pool.run(rowcount, _PAUSE, (queue.name,)) == 1
     wake_id = store._pool.transaction(_resume, queue.name)
     if wake_id is None:
         return False
@@ -133,14 +134,14 @@ def set_paused(queue: SqliteQueue, paused: bool) -> bool:
 
 def is_paused(queue: SqliteQueue) -> bool:
     """``Queue._is_paused``."""
-    row = queue._store._pool.run(_fetchone, _IS_PAUSED, (queue.name,))
+    row = queue._store._pool.run(fetchone, _IS_PAUSED, (queue.name,))
     return bool(row[0])
 
 
 def dead_jobs(queue: SqliteQueue, limit: int, after_id: int | None) -> list[Job]:
     """``Queue._dead_jobs``: a page of the queue's dead rows by id."""
     after = _INT64_MIN if after_id is None else after_id
-    rows = queue._store._pool.run(_fetchall, DEAD_PAGE, (queue.name, after, limit))
+    rows = queue._store._pool.run(fetchall, DEAD_PAGE, (queue.name, after, limit))
     return jobs_from_rows(rows)
 
 
@@ -170,13 +171,13 @@ def purge_dead(queue: SqliteQueue, cutoff: datetime | None) -> int:
     (all of the queue's when ``None``)."""
     pool = queue._store._pool
     if cutoff is None:
-        return pool.run(_rowcount, _PURGE_ALL, (queue.name,))
-    return pool.run(_rowcount, _PURGE_BEFORE, (queue.name, to_us(cutoff)))
+        return pool.run(rowcount, _PURGE_ALL, (queue.name,))
+    return pool.run(rowcount, _PURGE_BEFORE, (queue.name, to_us(cutoff)))
 
 
 def queue_names(store: SqliteStore) -> list[str]:
     """``Store._queue_names``, in order."""
-    return [name for (name,) in store._pool.run(_fetchall, QUEUE_NAMES, ())]
+    return [name for (name,) in store._pool.run(fetchall, QUEUE_NAMES, ())]
 
 
 # -- run on a borrowed connection ------------------------------------------------
@@ -198,15 +199,3 @@ def move_back(conn: sqlite3.Connection, params: dict[str, Any]) -> int | None:
         return None
     conn.execute(_DELETE_REQUEUED, params)
     return record_wake(conn, params["queue"])
-
-
-def _rowcount(conn: sqlite3.Connection, sql: str, params: Any) -> int:
-    return conn.execute(sql, params).rowcount
-
-
-def _fetchone(conn: sqlite3.Connection, sql: str, params: Any) -> Any:
-    return conn.execute(sql, params).fetchone()
-
-
-def _fetchall(conn: sqlite3.Connection, sql: str, params: Any) -> list[Any]:
-    return conn.execute(sql, params).fetchall()

@@ -15,7 +15,7 @@ from alkstore import Job, JobHandle, Queue, QueueOpts, QueueStats, SweepResult
 from alkstore.engine import EXPIRED, MAX_ATTEMPTS_EXCEEDED, EncodedPayload, Resolved
 from alkstore.errors import ValidationError
 from alkstore_sqlite import _operations
-from alkstore_sqlite._connection import engine_error, run_in_transaction
+from alkstore_sqlite._connection import engine_error, fetchone, rowcount, run_in_transaction
 from alkstore_sqlite._handle import SqliteJobHandle
 from alkstore_sqlite._rows import (
     DEAD_COLUMNS,
@@ -359,17 +359,17 @@ class SqliteQueue(Queue):
         if not ids:
             return 0
         now = to_us(self._store._now())
-        return self._store._pool.run(_rowcount, _ACK_BATCH, (json.dumps(ids), self._name, now))
+        return self._store._pool.run(rowcount, _ACK_BATCH, (json.dumps(ids), self._name, now))
 
     def _cancel(self, job_id: int) -> bool:
         if not _INT64_MIN <= job_id <= _INT64_MAX:
             return False
-        return self._store._pool.run(_rowcount, _CANCEL, (job_id, self._name)) == 1
+        return self._store._pool.run(rowcount, _CANCEL, (job_id, self._name)) == 1
 
     def _get_job(self, job_id: int) -> Job | None:
         if not _INT64_MIN <= job_id <= _INT64_MAX:
             return None
-        row = self._store._pool.run(_fetchone, _GET_JOB, {"id": job_id, "queue": self._name})
+        row = self._store._pool.run(fetchone, _GET_JOB, {"id": job_id, "queue": self._name})
         return None if row is None else job_from_row(row)
 
     def _sweep_expired(self, retention_s: float | None) -> SweepResult:
@@ -379,7 +379,7 @@ class SqliteQueue(Queue):
 
     def _stats(self) -> QueueStats:
         now = to_us(self._store._now())
-        row = self._store._pool.run(_fetchone, _STATS, {"queue": self._name, "now": now})
+        row = self._store._pool.run(fetchone, _STATS, {"queue": self._name, "now": now})
         assert row is not None
         return QueueStats(*row)
 
@@ -458,14 +458,6 @@ def _sweep(conn: sqlite3.Connection, queue: str, now: int, purge_before: int | N
     if purge_before is not None:
         purged = conn.execute(_PURGE, (queue, purge_before)).rowcount
     return SweepResult(expired, purged)
-
-
-def _rowcount(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> int:
-    return conn.execute(sql, params).rowcount
-
-
-def _fetchone(conn: sqlite3.Connection, sql: str, params: Any) -> Any:
-    return conn.execute(sql, params).fetchone()
 
 
 def _same_file(a: str, b: str) -> bool:
