@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg import sql
 
-from alkstore._schedule import (
+from alkstore.engine import (
     SCHEDULE_COLUMNS,
+    EncodedPayload,
+    Resolved,
     Schedule,
     schedule_from_values,
     schedule_to_values,
 )
-from alkstore.engine import EncodedPayload, Resolved
 from alkstore_postgres._schema import Statement
 
 if TYPE_CHECKING:

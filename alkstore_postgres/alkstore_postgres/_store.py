@@ -10,10 +10,10 @@ from typing import Any
 from psycopg import sql
 
 from alkstore import QueueOpts, Store
-from alkstore._schedule import Schedule
 from alkstore.engine import (
     EncodedPayload,
     Resolved,
+    Schedule,
     check_engine_options,
     check_schema_version,
     duration_s,

@@ -21,8 +21,15 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from alkstore._schedule import SCHEDULE_COLUMNS, Schedule, schedule_from_values, schedule_to_values
-from alkstore.engine import EncodedPayload, Resolved
+from alkstore.engine import (
+    SCHEDULE_COLUMNS,
+    EncodedPayload,
+    Resolved,
+    Schedule,
+    schedule_from_values,
+    schedule_to_values,
+)
+from alkstore_sqlite._connection import fetchall, rowcount
 from alkstore_sqlite._queue import insert_one, job_row
 from alkstore_sqlite._rows import from_us, to_us
 from alkstore_sqlite._wake import notify
@@ -97,22 +104,22 @@ def put_schedule(store: SqliteStore, schedule: Schedule) -> Schedule:
     """``Store._put_schedule``: insert at revision 1 or replace (revision +
     1), one statement; return the stored row."""
     # fetchall: the statement runs to its end, which commits it.
-    (row,) = store._pool.run(_fetchall, _PUT, _to_row(schedule, revision=1))
+    (row,) = store._pool.run(fetchall, _PUT, _to_row(schedule, revision=1))
     return _from_row(row)
 
 
 def delete_schedule(store: SqliteStore, name: str) -> bool:
     """``Store._delete_schedule``."""
-    return store._pool.run(_rowcount, _DELETE, (name,)) == 1
+    return store._pool.run(rowcount, _DELETE, (name,)) == 1
 
 
 def list_schedules(store: SqliteStore, due_at: datetime | None) -> list[Schedule]:
     """``Store._list_schedules``: all by name, or the due ones by
     ``next_run_at`` then name."""
     if due_at is None:
-        rows = store._pool.run(_fetchall, _LIST_ALL, ())
+        rows = store._pool.run(fetchall, _LIST_ALL, ())
     else:
-        rows = store._pool.run(_fetchall, LIST_DUE, (to_us(due_at),))
+        rows = store._pool.run(fetchall, LIST_DUE, (to_us(due_at),))
     return [_from_row(row) for row in rows]
 
 
@@ -152,7 +159,7 @@ def fire_schedule(
 def skip_schedule(store: SqliteStore, schedule: Schedule, next_run_at: datetime) -> bool:
     """``Store._skip_schedule``: the guard alone, advancing ``next_run_at``;
     one statement."""
-    return store._pool.run(_rowcount, _SKIP, _guard(schedule, next_run_at)) == 1
+    return store._pool.run(rowcount, _SKIP, _guard(schedule, next_run_at)) == 1
 
 
 # -- run on a borrowed connection ------------------------------------------------
@@ -164,11 +171,3 @@ def _fire(conn: sqlite3.Connection, params: dict[str, Any], job: tuple[Any, ...]
     job_id = insert_one(conn, job)
     conn.execute(_SET_LAST_JOB, {"name": params["name"], "job_id": job_id})
     return job_id
-
-
-def _rowcount(conn: sqlite3.Connection, sql: str, params: Any) -> int:
-    return conn.execute(sql, params).rowcount
-
-
-def _fetchall(conn: sqlite3.Connection, sql: str, params: Any) -> list[Any]:
-    return conn.execute(sql, params).fetchall()

@@ -10,10 +10,10 @@ from datetime import datetime
 from typing import Any
 
 from alkstore import QueueOpts, Store
-from alkstore._schedule import Schedule
 from alkstore.engine import (
     EncodedPayload,
     Resolved,
+    Schedule,
     check_engine_options,
     check_schema_version,
     duration_s,
