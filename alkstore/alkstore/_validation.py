@@ -71,8 +71,17 @@ def duration_s(value: object, what: str, *, positive: bool = False) -> float:
     """
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
-    elif _is_int(value) or isinstance(value, float):
-        seconds = float(value)  # type: ignore[arg-type]
+    elif _is_int(value):
+        assert isinstance(value, int)
+        # Compared as an int first: float() of an int past 1.8e308 overflows.
+        if value < 0 or (positive and value == 0):
+            bound = "> 0" if positive else ">= 0"
+            raise ValidationError(f"{what} must be {bound} seconds, got {shown_int(value)}")
+        if value > MAX_DURATION_S:
+            raise ValidationError(f"{what} must be at most 100 years, got {shown_int(value)}")
+        seconds = float(value)
+    elif isinstance(value, float):
+        seconds = value
     else:
         raise ValidationError(
             f"{what} must be seconds (int or float) or a timedelta, not {type(value).__name__}"
@@ -87,6 +96,15 @@ def duration_s(value: object, what: str, *, positive: bool = False) -> float:
     return seconds
 
 
+def shown_int(value: int) -> str:
+    """``value`` for an error message: huge ints by their size (``str()`` of
+    an int over 4,300 digits raises, and a 400-digit number helps nobody)."""
+    if -(10**18) < value < 10**18:
+        return str(value)
+    kind = "a negative int" if value < 0 else "an int"
+    return f"{kind} of about {int(abs(value).bit_length() * 0.30103) + 1} digits"
+
+
 def int_in_range(value: object, what: str, low: int, high: int) -> int:
     """Return ``value`` if it is an ``int`` (not ``bool``) in ``[low, high]``.
 
@@ -99,7 +117,7 @@ def int_in_range(value: object, what: str, low: int, high: int) -> int:
         raise ValidationError(f"{what} must be an int, not {type(value).__name__}")
     assert isinstance(value, int)
     if not low <= value <= high:
-        raise ValidationError(f"{what} must be in {low}..{high}, got {value}")
+        raise ValidationError(f"{what} must be in {low}..{high}, got {shown_int(value)}")
     return value
 
 

@@ -158,11 +158,23 @@ def test_durations_in_range_are_seconds(seconds: float) -> None:
         None,
         HUNDRED_YEARS_S * 1.01,
         timedelta(seconds=-1),
+        10**400,
+        -(10**400),
+        10**4000,
     ],
 )
 def test_bad_durations(bad: object) -> None:
     with pytest.raises(ValidationError, match="delay"):
         v.duration_s(bad, "delay")
+
+
+def test_huge_ints_are_shown_by_their_size() -> None:
+    with pytest.raises(ValidationError, match="at most 100 years, got an int of about 401 digits"):
+        v.duration_s(10**400, "delay")
+    with pytest.raises(ValidationError, match=">= 0 seconds, got a negative int of about 401"):
+        v.duration_s(-(10**400), "delay")
+    with pytest.raises(ValidationError, match=r"in 0\.\.3600, got an int of about 5001 digits"):
+        QueueOpts(backoff_cap_s=10**5000)
 
 
 def test_positive_durations_refuse_zero() -> None:

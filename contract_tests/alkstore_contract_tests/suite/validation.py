@@ -62,6 +62,9 @@ BAD_DURATIONS: list[object] = [
     float("-inf"),
     HUNDRED_YEARS + timedelta(seconds=1),
     HUNDRED_YEARS.total_seconds() + 1,
+    # Past float's range: float() of these overflows.
+    10**400,
+    -(10**400),
     True,
     "5",
     b"5",
