@@ -27,7 +27,6 @@ import traceback
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any, NoReturn
-from urllib.parse import urlsplit, urlunsplit
 
 import click
 
@@ -37,6 +36,7 @@ from alkstore._app import App
 from alkstore._cron import parse_schedule
 from alkstore._job import Job, QueueStats
 from alkstore._queue import Queue
+from alkstore._redact import redact_url
 from alkstore._schedule import CATCH_UP_POLICIES
 from alkstore._scheduler import DEFAULT_TICK_INTERVAL_S, Scheduler
 from alkstore._signals import stop_signals
@@ -45,25 +45,13 @@ from alkstore._task import parse_task_payload
 from alkstore._worker import DEFAULT_GRACE_PERIOD_S, DEFAULT_POLL_INTERVAL_S
 from alkstore.errors import AlkstoreError
 
-__all__ = ["cli", "load_app", "main", "redact_url"]
+__all__ = ["cli", "load_app", "main"]
 
 #: The environment variable naming the app of ``--app``.
 APP_ENV = "ALKSTORE_APP"
 STATS_COLUMNS = ("pending", "scheduled", "processing", "dead")
 
 log = logging.getLogger("alkstore.cli")
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``, for messages."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _fail(message: str) -> NoReturn:

@@ -12,6 +12,7 @@ from alkstore._codec import EncodedPayload, decode_payload
 from alkstore._handle import FAILED, MAX_ATTEMPTS_EXCEEDED
 from alkstore._job import JOB_FIELDS, job_from_values
 from alkstore._latch import WakeLatch
+from alkstore._redact import redact_url
 from alkstore._resolution import Resolved
 from alkstore._schedule import (
     SCHEDULE_COLUMNS,
@@ -39,6 +40,7 @@ __all__ = [
     "duration_s",
     "int_in_range",
     "job_from_values",
+    "redact_url",
     "schedule_from_values",
     "schedule_to_values",
 ]

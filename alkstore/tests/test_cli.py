@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import alkstore
-from alkstore.cli import redact_url
+from alkstore.engine import redact_url
 
 WAIT_S = 60.0
 
@@ -303,6 +303,12 @@ def test_redact_url_hides_passwords() -> None:
     assert redact_url("postgresql://u:secret@h/db") == "postgresql://u:***@h/db"
     assert redact_url("postgresql://u@h/db") == "postgresql://u@h/db"
     assert redact_url("sqlite:///x.db") == "sqlite:///x.db"
+    # libpq's query-string passwords too, in any case and position.
+    assert (
+        redact_url("postgresql://u@h/db?sslmode=require&PASSWORD=s3cret&sslpassword=k#f")
+        == "postgresql://u@h/db?sslmode=require&PASSWORD=***&sslpassword=***#f"
+    )
+    assert redact_url("postgresql:///db?password=") == "postgresql:///db?password=***"
 
 
 # -- read-only commands never migrate ----------------------------------------

@@ -18,6 +18,7 @@ from alkstore.engine import (
     check_schema_version,
     duration_s,
     int_in_range,
+    redact_url,
 )
 from alkstore.errors import ValidationError
 from alkstore_postgres import _operations, _schedules, _schema
@@ -27,7 +28,7 @@ from alkstore_postgres._maintenance import maintenance_turn
 from alkstore_postgres._queue import PostgresQueue
 from alkstore_postgres._schema import Statement
 from alkstore_postgres._subscription import PostgresSubscription
-from alkstore_postgres._url import parse_url, redact
+from alkstore_postgres._url import parse_url
 from alkstore_postgres._wake import Listener
 
 __all__ = [
@@ -136,7 +137,7 @@ class PostgresStore(Store):
             )
         timeout_s = duration_s(pool_timeout_s, "pool_timeout_s", positive=True)
         self._repoll_interval_s = duration_s(repoll_interval_s, "repoll_interval_s", positive=True)
-        self._url = redact(conninfo)
+        self._url = redact_url(conninfo)
         self._statements: dict[int, bytes] = {}
         self._db = Database(
             conninfo,

@@ -8,25 +8,17 @@ documented by PostgreSQL.
 
 from __future__ import annotations
 
-import re
-
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from alkstore.engine import redact_url
 from alkstore.errors import ValidationError
 
-__all__ = ["SCHEMES", "parse_url", "redact"]
+__all__ = ["SCHEMES", "parse_url"]
 
 #: The URL schemes this engine serves (the ``alkstore.engines`` entry points).
 SCHEMES = ("postgresql", "postgres")
 _EXAMPLE = "postgresql://user@host:5432/dbname"
-_PASSWORD = re.compile(r"(://[^/@:]*:)[^/@]*@")
-
-
-def redact(url: str) -> str:
-    """``url`` with the password of its user part replaced by ``***``, for
-    error messages and ``repr``."""
-    return _PASSWORD.sub(r"\1***@", url)
 
 
 def parse_url(url: object) -> str:
@@ -53,13 +45,15 @@ def parse_url(url: object) -> str:
         raise ValidationError(f"url must be a str, not {type(url).__name__}")
     scheme, sep, _ = url.partition("://")
     if not sep or scheme.lower() not in SCHEMES:
-        raise ValidationError(f"not a PostgreSQL URL: {redact(url)!r}; expected e.g. {_EXAMPLE}")
+        raise ValidationError(
+            f"not a PostgreSQL URL: {redact_url(url)!r}; expected e.g. {_EXAMPLE}"
+        )
     # libpq accepts only the lower-case spellings.
     conninfo = scheme.lower() + url[len(scheme) :]
     try:
         conninfo_to_dict(conninfo)
     except psycopg.Error as error:
         raise ValidationError(
-            f"malformed PostgreSQL URL {redact(url)!r}: {str(error).strip()}"
+            f"malformed PostgreSQL URL {redact_url(url)!r}: {str(error).strip()}"
         ) from None
     return conninfo
