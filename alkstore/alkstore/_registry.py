@@ -15,6 +15,7 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
 
+from alkstore._redact import redact_url
 from alkstore._store import Store
 from alkstore.errors import UnknownEngineError, ValidationError
 
@@ -75,15 +76,34 @@ def _factory(scheme: str) -> EngineFactory:
             f"{', '.join(sorted(candidates))}; uninstall all but one"
         )
     if candidates:
-        loaded: EngineFactory = next(iter(candidates.values())).load()
+        point = next(iter(candidates.values()))
+        try:
+            loaded: EngineFactory = point.load()
+        except ImportError as error:
+            # The engine is installed but its driver is missing or broken
+            # (psycopg without libpq, say): the driver's words, then ours.
+            raise UnknownEngineError(
+                f"the alkstore engine for the scheme {scheme!r} ({point.value}) is installed"
+                f" but cannot be imported: {error}. {_install_hint(scheme, again=True)}"
+            ) from error
         return loaded
     installed = sorted(set(points) | set(_registered))
     message = f"no alkstore engine for the scheme {scheme!r}; installed schemes: " + (
         ", ".join(installed) or "none"
     )
     if scheme in _FIRST_PARTY:
-        message += f". Install it with: pip install {_FIRST_PARTY[scheme]}"
+        message += ". " + _install_hint(scheme)
     raise UnknownEngineError(message)
+
+
+def _install_hint(scheme: str, *, again: bool = False) -> str:
+    verb = "Reinstall it with its driver" if again else "Install it with"
+    if scheme not in _FIRST_PARTY:
+        return "Reinstall the distribution that provides it, with its dependencies."
+    distribution = _FIRST_PARTY[scheme]
+    # psycopg needs libpq; its [binary] extra ships one (psycopg's install docs).
+    extra = "[binary]" if distribution == "alkstore-postgres" else ""
+    return f"{verb}: pip install '{distribution}{extra}'"
 
 
 def open(url: str | None = None, **engine_options: Any) -> Store:
@@ -111,7 +131,8 @@ def open(url: str | None = None, **engine_options: Any) -> Store:
         No installed engine serves the scheme (the message names the
         installed ones and, for a first-party engine, the install command).
     ValidationError
-        A malformed URL or an unknown or bad engine option.
+        A malformed URL (no scheme, a NUL, a lone surrogate) or an unknown
+        or bad engine option.
     SchemaVersionError
         The schema is newer than the code, or missing with ``migrate=False``.
     """
@@ -119,7 +140,19 @@ def open(url: str | None = None, **engine_options: Any) -> Store:
         url = os.environ.get(URL_ENV) or DEFAULT_URL
     if not isinstance(url, str):
         raise ValidationError(f"url must be a str, not {type(url).__name__}")
+    # Drivers take URLs as C strings, in UTF-8: neither a NUL nor a lone
+    # surrogate can reach one intact.
+    if "\x00" in url:
+        raise ValidationError(f"url {redact_url(url)!r} has a NUL character")
+    try:
+        url.encode()
+    except UnicodeEncodeError as error:
+        raise ValidationError(
+            f"url {redact_url(url)!r} is not valid text: {error.reason}"
+        ) from None
     scheme, sep, _ = url.partition("://")
     if not sep or not scheme:
-        raise ValidationError(f"url {url!r} has no scheme; expected e.g. {DEFAULT_URL!r}")
+        raise ValidationError(
+            f"url {redact_url(url)!r} has no scheme; expected e.g. {DEFAULT_URL!r}"
+        )
     return _factory(scheme.lower())(url, **engine_options)

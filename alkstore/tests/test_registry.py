@@ -39,10 +39,33 @@ def test_missing_first_party_engine_gives_the_install_command(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(_registry, "_entry_point_schemes", dict)
-    with pytest.raises(UnknownEngineError, match="pip install alkstore-postgres"):
+    with pytest.raises(UnknownEngineError, match=r"pip install 'alkstore-postgres\[binary\]'"):
         alkstore.open("postgres://h/db")
-    with pytest.raises(UnknownEngineError, match="pip install alkstore-sqlite"):
+    with pytest.raises(UnknownEngineError, match="pip install 'alkstore-sqlite'"):
         alkstore.open("sqlite:///x.db")
+
+
+def test_an_engine_whose_driver_cannot_be_imported_is_an_unknown_engine() -> None:
+    # The installed PostgreSQL engine, its driver made unimportable (as on a
+    # host without libpq): the ImportError becomes the cause, not the error.
+    pytest.importorskip("alkstore_postgres")
+    code = (
+        "import sys; sys.modules['psycopg'] = None\n"
+        "import alkstore\n"
+        "try:\n"
+        "    alkstore.open('postgresql://127.0.0.1:1/nowhere')\n"
+        "except alkstore.UnknownEngineError as error:\n"
+        "    print(type(error.__cause__).__name__, '|', error)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    cause, _, message = out.partition(" | ")
+    assert cause == "ModuleNotFoundError"
+    assert (
+        "'postgresql' (alkstore_postgres:open_store) is installed but cannot be imported" in message
+    )
+    assert "pip install 'alkstore-postgres[binary]'" in message
 
 
 def test_two_distributions_claiming_one_scheme_is_an_error(
@@ -74,10 +97,23 @@ def test_url_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
         del _registry._registered["sqlite"]
 
 
-@pytest.mark.parametrize("url", ["no-scheme", "://x", 5])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "no-scheme",
+        "://x",
+        5,
+        # Drivers take C strings in UTF-8: refused before any engine sees them.
+        "sqlite:///a\x00b.db",
+        "postgresql://u:pw@h/db\x00",
+        "sqlite:///\ud800.db",
+        "postgresql://h/db?application_name=\udcff",
+    ],
+)
 def test_malformed_urls(url: Any) -> None:
-    with pytest.raises(ValidationError, match="url"):
+    with pytest.raises(ValidationError, match="url") as caught:
         alkstore.open(url)
+    assert "pw@" not in str(caught.value)
 
 
 def test_importing_alkstore_imports_no_database_driver() -> None:
