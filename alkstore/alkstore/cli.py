@@ -33,6 +33,7 @@ import click
 import alkstore
 from alkstore import _validation as v
 from alkstore._app import App
+from alkstore._codec import MAX_NESTING
 from alkstore._cron import parse_schedule
 from alkstore._job import Job, QueueStats
 from alkstore._queue import Queue
@@ -56,6 +57,18 @@ log = logging.getLogger("alkstore.cli")
 
 def _fail(message: str) -> NoReturn:
     raise click.ClickException(message)
+
+
+def _parse_json(payload: str) -> Any:
+    """The JSON argument of ``enqueue`` and ``schedule``, or a one-line error."""
+    try:
+        return json.loads(payload)
+    except ValueError as exc:
+        _fail(f"the payload is not valid JSON: {exc}")
+    except RecursionError:
+        # json's decoder recurses once per level: thousands of levels exhaust
+        # the stack before the codec could refuse them.
+        _fail(f"the payload nests deeper than {MAX_NESTING} levels")
 
 
 @contextlib.contextmanager
@@ -379,10 +392,7 @@ def enqueue(
     gets the default queue options (QueueOpts()), not those the task's app
     declares (max_attempts, backoff...): pass --app MODULE:APP for those.
     """
-    try:
-        value = json.loads(payload)
-    except ValueError as exc:
-        _fail(f"JSON is not valid JSON: {exc}")
+    value = _parse_json(payload)
     options: dict[str, Any] = {
         "delay": delay,
         "priority": priority,
@@ -759,10 +769,7 @@ def schedule(
 ) -> None:
     """Create or replace the schedule NAME: enqueue JSON into QUEUE on every
     boundary of SPEC ('30 2 * * *', '@daily', '@every 30s')."""
-    try:
-        value = json.loads(payload)
-    except ValueError as exc:
-        _fail(f"JSON is not valid JSON: {exc}")
+    value = _parse_json(payload)
     options = {"priority": priority, "max_attempts": max_attempts, "expires": expires}
     with ctx.errors():  # what can be checked before the store opens
         v.queue_name(name, "schedule name")

@@ -277,7 +277,10 @@ def test_stats_watch_redraws_until_interrupted(project: Path, url: str) -> None:
     [
         (("--url", "nosuch://x", "migrate"), "no alkstore engine for the scheme 'nosuch'"),
         (("enqueue", "bad name", "1"), "queue name"),
-        (("enqueue", "mail", "{not json"), "not valid JSON"),
+        (("enqueue", "mail", "{not json"), "the payload is not valid JSON"),
+        # Deeper than json's recursion limit, and than the codec's 256 levels.
+        (("enqueue", "mail", "[" * 20_000 + "]" * 20_000), "nests deeper than 256 levels"),
+        (("enqueue", "mail", "[" * 300 + "]" * 300), "nests deeper than 256 levels"),
         (("enqueue", "mail", "[1]", "--priority", str(2**40)), "priority"),
         (("stats",), "SchemaVersionError"),
         (("job", "1", "-q", "mail"), "SchemaVersionError"),

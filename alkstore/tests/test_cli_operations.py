@@ -448,9 +448,13 @@ def test_schedule_schedules_unschedule_round_trip(project: Path, url: str) -> No
         ),
         (("bad name", "@daily", "q", "1"), "Error: schedule name 'bad name'"),
         (("x", "@daily", "bad queue", "1"), "Error: queue name 'bad queue'"),
-        (("x", "@daily", "q", "{nope"), "Error: JSON is not valid JSON: "),
+        (("x", "@daily", "q", "{nope"), "Error: the payload is not valid JSON: "),
+        (
+            ("x", "@daily", "q", "[" * 20_000 + "]" * 20_000),
+            "Error: the payload nests deeper than 256 levels",
+        ),
     ],
-    ids=["cron-field", "cron-arity", "every-0s", "zone", "name", "queue", "json"],
+    ids=["cron-field", "cron-arity", "every-0s", "zone", "name", "queue", "json", "deep-json"],
 )
 def test_a_bad_schedule_is_one_line_and_writes_nothing(
     project: Path, url: str, args: tuple[str, ...], message: str
@@ -458,7 +462,7 @@ def test_a_bad_schedule_is_one_line_and_writes_nothing(
     alkstore.open(url).close()  # the schema
     line = one_line_error(run(project, url, "schedule", *args))
     assert line.startswith(message)
-    if "JSON" not in message:
+    if "payload" not in message:
         assert line.endswith("(ValidationError)")
     with read(url) as store:
         assert store.schedules() == []
