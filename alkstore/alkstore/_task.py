@@ -330,10 +330,15 @@ class Task(Generic[P, R]):
         Raises
         ------
         ValidationError
-            If an item is not a list or tuple, does not fit the function's
+            If ``calls`` is not an iterable (a ``str``, ``bytes`` or ``dict``
+            is refused too), an item is not a list or tuple, does not fit the function's
             signature, or holds an argument that is not strict JSON; nothing
             is stored.
         """
+        if isinstance(calls, (str, bytes, dict)) or not isinstance(calls, Iterable):
+            raise ValidationError(
+                f"calls must be an iterable of argument lists, not {type(calls).__name__}"
+            )
         payloads = []
         for call in calls:
             if not isinstance(call, (list, tuple)):

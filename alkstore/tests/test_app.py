@@ -175,6 +175,10 @@ def test_arguments_that_are_not_json_are_refused_before_anything_is_stored(app: 
         task.enqueue_many([(1,), (object(),)])
     with pytest.raises(ValidationError, match="list or tuple"):
         task.enqueue_many([1])  # type: ignore[list-item]
+    # As Queue.enqueue_many: not an iterable of calls, a ValidationError.
+    for not_calls in (None, 5, "ab", b"ab", {"a": 1}):
+        with pytest.raises(ValidationError, match="calls must be an iterable"):
+            task.enqueue_many(not_calls)  # type: ignore[arg-type]
     assert tuple(app.queue("default").stats()) == (0, 0, 0, 0)
 
 
