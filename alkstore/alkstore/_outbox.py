@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from alkstore import _validation as v
 from alkstore._heartbeat import Beat, Heartbeater
-from alkstore._outcome import describe_exception
+from alkstore._outcome import describe_exception, retry_or_bury
 from alkstore.errors import ValidationError
 
 if TYPE_CHECKING:
@@ -107,11 +107,12 @@ class Outbox:
         The messages ``send`` returned for are acked with one
         :meth:`Queue.ack_batch`; each one it raised for is retried with the
         exception's text as ``last_error`` and the queue's backoff (dead at
-        its attempt budget, with ``last_error = "max attempts exceeded"``,
-        SPEC §3). Until its ack or retry, every claimed message is
-        heartbeaten from a background thread every third of its visibility
-        timeout, as a worker's jobs are, so a slow ``send`` does not let the
-        batch lapse and be handed out again.
+        its attempt budget, with ``last_error`` ``"max attempts exceeded;
+        last error: <text>"``, :func:`~alkstore._outcome.retry_or_bury`).
+        Until its ack or retry, every claimed message is heartbeaten from a
+        background thread every third of its visibility timeout, as a
+        worker's jobs are, so a slow ``send`` does not let the batch lapse
+        and be handed out again.
 
         Parameters
         ----------
@@ -172,7 +173,7 @@ class Outbox:
             send(handle.job.payload)
         except Exception as exc:
             heartbeater.remove(beat)  # before the retry, which spends the claim
-            retried = handle.retry(describe_exception(exc))
+            retried = retry_or_bury(handle, describe_exception(exc))
             log.warning(
                 "outbox %r: sending message %d failed (attempt %d of %d)%s: %s",
                 self._queue.name,

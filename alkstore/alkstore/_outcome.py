@@ -12,9 +12,10 @@ from __future__ import annotations
 import traceback
 
 from alkstore import _validation as v
+from alkstore._handle import MAX_ATTEMPTS_EXCEEDED, JobHandle
 from alkstore.errors import ValidationError
 
-__all__ = ["Fail", "Retry", "describe_exception"]
+__all__ = ["Fail", "Retry", "describe_exception", "retry_or_bury"]
 
 
 class Fail(Exception):
@@ -53,8 +54,9 @@ class Retry(Exception):
     (the worker calls :meth:`JobHandle.retry`, SPEC §3).
 
     The retry consumes the attempt the job was claimed with: at its
-    ``max_attempts`` the job is dead-lettered with ``"max attempts
-    exceeded"`` instead, exactly as for any other retry.
+    ``max_attempts`` the job is dead-lettered instead, its ``last_error``
+    ``"max attempts exceeded; last error: <message>"`` (:func:`retry_or_bury`),
+    exactly as for any other retry.
 
     Parameters
     ----------
@@ -87,3 +89,38 @@ def describe_exception(exc: BaseException) -> str:
     head = "".join(traceback.format_exception_only(exc)).strip()
     trace = "".join(traceback.format_exception(exc)).rstrip()
     return f"{head}\n\n{trace}"
+
+
+def retry_or_bury(handle: JobHandle, error: str, delay_s: float | None = None) -> bool:
+    """Retry a claimed job, or dead-letter it if this was its last attempt,
+    keeping the error that spent it.
+
+    :meth:`JobHandle.retry` at the budget stores only ``"max attempts
+    exceeded"`` (SPEC §3); the worker and the outbox relay, which know the
+    error, call :meth:`JobHandle.fail` instead with ``"max attempts
+    exceeded; last error: <error>"``, so the dead row says why, as Oban's and
+    River's keep each attempt's error. The job ends dead either way.
+
+    Parameters
+    ----------
+    handle
+        A claimed job; its ``attempts`` is the claim's (post-claim) count.
+    error
+        The ``last_error`` text (capped at 65,536 characters, SPEC §3).
+    delay_s
+        Seconds until the retry runs; ``None`` is the queue's backoff.
+
+    Returns
+    -------
+    bool
+        What :meth:`JobHandle.retry` or :meth:`JobHandle.fail` returned:
+        ``False`` when the claim was no longer valid.
+
+    Raises
+    ------
+    ValidationError, EngineError, StoreClosedError
+        As the handle's methods raise them.
+    """
+    if handle.attempts >= handle.max_attempts:
+        return handle.fail(f"{MAX_ATTEMPTS_EXCEEDED}; last error: {error}")
+    return handle.retry(error, delay_s)

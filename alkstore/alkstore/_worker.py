@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from alkstore import _validation as v
 from alkstore._completer import Completer
-from alkstore._handle import JobHandle
+from alkstore._handle import MAX_ATTEMPTS_EXCEEDED, JobHandle
 from alkstore._heartbeat import Beat, Heartbeater
 from alkstore._outbox import Send
-from alkstore._outcome import Fail, Retry, describe_exception
+from alkstore._outcome import Fail, Retry, describe_exception, retry_or_bury
 from alkstore._pool import DaemonPool
 from alkstore._scheduler import DEFAULT_TICK_INTERVAL_S, Scheduler
 from alkstore._signals import stop_signals
@@ -171,7 +171,9 @@ class Worker:
     - the payload is not a task payload, or names a task the app does not
       have: ``fail(...)`` with a message saying so.
 
-    A retry at the job's ``max_attempts`` dead-letters it (SPEC §3). Each
+    A retry at the job's ``max_attempts`` dead-letters it, with
+    ``last_error`` ``"max attempts exceeded; last error: <error>"``
+    (:func:`~alkstore._outcome.retry_or_bury`). Each
     outcome is one record on the ``alkstore.worker`` logger with the extra
     fields ``queue``, ``job_id``, ``task``, ``attempt``, ``duration_s`` and
     ``outcome``.
@@ -710,7 +712,9 @@ class Worker:
             if action == "ack":
                 took = handle.ack()
             elif action == "retry":
-                took = handle.retry(error if error is not None else "retry requested", delay_s)
+                took = retry_or_bury(
+                    handle, error if error is not None else "retry requested", delay_s
+                )
             else:
                 took = handle.fail(error)
         except StoreClosedError:
@@ -895,5 +899,5 @@ class Worker:
             log.warning("%s; %s", where, first_line, extra=extra, exc_info=exc_info)
         else:
             if action == "retry":
-                first_line = f"max attempts exceeded; last error: {first_line}"
+                first_line = f"{MAX_ATTEMPTS_EXCEEDED}; last error: {first_line}"
             log.error("%s; %s", where, first_line or "failed", extra=extra, exc_info=exc_info)

@@ -270,15 +270,19 @@ class WorkerTests(EngineHarness):
         assert (snoozed_job.state, snoozed_job.last_error) == ("pending", "not yet")
         assert snoozed_job.run_at == T0 + timedelta(seconds=60)
 
-        expected_dead = {
-            refused: "bad input",
-            refused_bare: "failed",
-            exhausted: "max attempts exceeded",
-        }
+        expected_dead = {refused: "bad input", refused_bare: "failed"}
         for job_id, error in expected_dead.items():
             dead = queue.get_job(job_id)
             assert dead is not None
             assert (dead.state, dead.last_error) == ("dead", error)
+        # Its last attempt spent, the job is dead and keeps the error that spent it.
+        dead = queue.get_job(exhausted)
+        assert dead is not None
+        assert (dead.state, dead.attempts) == ("dead", 1)
+        assert dead.last_error is not None
+        assert dead.last_error.startswith(
+            "max attempts exceeded; last error: ValueError: boom\n\nTraceback"
+        )
         for job_id, fragment in ((unknown, "unknown task 'no-such-task'"), (malformed, "task")):
             dead = queue.get_job(job_id)
             assert dead is not None
