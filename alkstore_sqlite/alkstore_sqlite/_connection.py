@@ -47,6 +47,7 @@ _SQLITE_BUSY = 5
 _SQLITE_LOCKED = 6
 _SQLITE_READONLY = 8
 _SQLITE_CANTOPEN = 14
+_SQLITE_NOTADB = 26
 # Pauses between retries of an operation that came back busy without
 # SQLite's own busy handler having waited (seconds).
 _RETRY_FIRST_S = 0.001
@@ -77,6 +78,11 @@ def engine_error(error: sqlite3.Error, path: str | None = None) -> EngineError:
     primary = None if code is None else code & 0xFF
     if path is not None and primary in (_SQLITE_CANTOPEN, _SQLITE_READONLY):
         return EngineError(f"SQLite error: {error}: {path!r} ({_file_problem(path)})")
+    if path is not None and primary == _SQLITE_NOTADB:
+        return EngineError(
+            f"SQLite error: {error}: {path!r} (the file exists but is not an SQLite "
+            "database; the URL should name a new file or an alkstore database)"
+        )
     return EngineError(f"SQLite error: {error}")
 
 

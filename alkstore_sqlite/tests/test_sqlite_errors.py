@@ -134,6 +134,19 @@ def test_a_missing_directory_is_named(tmp_path: Path) -> None:
     assert f"the directory {str(tmp_path / 'missing-dir')!r} does not exist" in message
 
 
+def test_a_file_that_is_not_a_database_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("not a database, but long enough to have a header" * 4)
+    with pytest.raises(EngineError) as caught:
+        alkstore.open(f"sqlite:///{path}")
+    assert isinstance(caught.value.__cause__, sqlite3.DatabaseError)
+    assert str(caught.value) == (
+        f"SQLite error: file is not a database: {str(path)!r} (the file exists but is "
+        "not an SQLite database; the URL should name a new file or an alkstore database)"
+    )
+    assert path.read_text().startswith("not a database")  # left as it was
+
+
 def test_a_directory_given_as_the_path_is_named(tmp_path: Path) -> None:
     message = _open_error(tmp_path)
     assert repr(str(tmp_path)) in message
