@@ -69,7 +69,9 @@ def check_engine_options(options: Mapping[str, object], own: Iterable[str] = ())
         raise ValidationError("migrate must be a bool")
 
 
-def check_schema_version(found: int | None, code: int, *, migrating: bool) -> None:
+def check_schema_version(
+    found: int | None, code: int, *, migrating: bool, where: str = "the database"
+) -> None:
     """Apply SPEC §3 "Schema" to the version found in the database.
 
     Parameters
@@ -80,6 +82,9 @@ def check_schema_version(found: int | None, code: int, *, migrating: bool) -> No
         The newest version this engine's code knows.
     migrating
         Whether the caller is about to migrate (``migrate=True``).
+    where
+        What was opened, for the message: the database file, or the
+        schema and database.
 
     Raises
     ------
@@ -88,11 +93,11 @@ def check_schema_version(found: int | None, code: int, *, migrating: bool) -> No
     """
     if found is not None and found > code:
         raise SchemaVersionError(
-            f"the database schema is version {found}, newer than this code's "
-            f"{code}; upgrade alkstore"
+            f"the alkstore schema of {where} is version {found}, newer than this "
+            f"code's {code}; upgrade alkstore"
         )
     if found is None and not migrating:
         raise SchemaVersionError(
-            "the database has no alkstore schema; open it with migrate=True "
-            "or run `alkstore migrate`"
+            f"{where} has no alkstore schema yet: create it with `alkstore migrate` "
+            "(with the same --url or --app) or alkstore.open(url, migrate=True)"
         )

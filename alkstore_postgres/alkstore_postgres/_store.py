@@ -162,7 +162,10 @@ class PostgresStore(Store):
                         _schema.migrate(conn, self._schema, self._injected_now())
                     else:
                         found = _schema.read_version(conn, self._schema)
-                        check_schema_version(found, _schema.SCHEMA_VERSION, migrating=False)
+                        where = f"schema {self._schema!r} of {self._url}"
+                        check_schema_version(
+                            found, _schema.SCHEMA_VERSION, migrating=False, where=where
+                        )
                     if clock is None:
                         self._server_clock.set_sample(*_sample_clock(conn))
             finally:

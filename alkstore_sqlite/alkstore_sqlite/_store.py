@@ -107,7 +107,7 @@ class SqliteStore(Store):
         self._path = os.path.abspath(path)
         if not migrate and not os.path.exists(self._path):
             # Do not create an empty file only to report that it is empty.
-            check_schema_version(None, _schema.SCHEMA_VERSION, migrating=False)
+            check_schema_version(None, _schema.SCHEMA_VERSION, migrating=False, where=self._path)
         self._pool = ConnectionPool(self._path, self._busy_timeout_s, str(synchronous))
         self._subscriptions: set[SqliteSubscription] = set()
         self._subscriptions_lock = threading.Lock()
@@ -120,7 +120,9 @@ class SqliteStore(Store):
                 self._migrate()
             else:
                 found = self._pool.run(_schema.read_version)
-                check_schema_version(found, _schema.SCHEMA_VERSION, migrating=False)
+                check_schema_version(
+                    found, _schema.SCHEMA_VERSION, migrating=False, where=self._path
+                )
                 if found is not None and found < _schema.SCHEMA_VERSION:
                     # This code's statements need the current schema.
                     raise SchemaVersionError(

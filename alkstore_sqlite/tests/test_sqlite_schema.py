@@ -85,8 +85,10 @@ def test_the_application_tables_are_left_alone(db_path: Path, db_url: str) -> No
 def test_migrate_false_on_a_missing_file_raises_and_creates_nothing(
     db_path: Path, db_url: str
 ) -> None:
-    with pytest.raises(SchemaVersionError, match="no alkstore schema"):
+    with pytest.raises(SchemaVersionError, match="no alkstore schema") as caught:
         alkstore.open(db_url, migrate=False)
+    assert str(caught.value).startswith(f"{db_path} has no alkstore schema yet")
+    assert "`alkstore migrate`" in str(caught.value)
     assert not db_path.exists()
 
 
