@@ -118,7 +118,7 @@ def _refuse(value: object) -> ValidationError:
             for key, child in item.items():  # type: ignore[attr-defined]
                 if type(key) is not str:
                     return ValidationError(
-                        f"{where} has a {type(key).__name__} key {key!r}; "
+                        f"{where} has a key of type {type(key).__name__}; "
                         "JSON object keys must be str"
                     )
                 if not _utf8(key):
@@ -138,7 +138,7 @@ def _refuse(value: object) -> ValidationError:
                 )
         elif kind not in _SCALARS:
             return ValidationError(
-                f"{where} is a {kind.__name__}; payloads are bytes or JSON made of "
+                f"{where} is of type {kind.__name__}; payloads are bytes or JSON made of "
                 "dict, list, str, int, float, bool and None (subclasses and "
                 "tuples are refused)"
             )

@@ -255,7 +255,8 @@ class Worker:
             )
         if not names and not (relays is True and app.relays):
             raise ValidationError(
-                "no queue to work: register a task on the app or pass queues=[...]"
+                "no queue to work: register a task on the app, or name queues "
+                "(queues=[...], or --queue on the command)"
             )
         self._app = app
         self._queue_names = names

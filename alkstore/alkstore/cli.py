@@ -146,7 +146,7 @@ def load_app(spec: str, *, debug: bool = False) -> App:
         except Exception as exc:
             failed(f"reading {attr!r} raised", exc)
     if not isinstance(found, App):
-        _fail(f"{where}: it is a {type(found).__name__}, not an alkstore.App")
+        _fail(f"{where}: it is of type {type(found).__name__}, not an alkstore.App")
     return found
 
 
@@ -217,9 +217,7 @@ def _queues_of(
     store = stack.enter_context(ctx.open(migrate=migrate))
     with _closing_on_error(stack):
         if not names:
-            names = store.queue_names()
-            if not names:
-                _fail("the store has no queues yet")
+            names = store.queue_names()  # none at all in a new store
         return stack, [store.queue(name) for name in dict.fromkeys(names)]
 
 
@@ -463,6 +461,9 @@ def stats(
     with ctx.errors():
         stack, handles = _queues_of(ctx, queues, app_spec, migrate=False)
         with stack:
+            if not handles:
+                click.echo("no queues yet")
+                return
             if not watch:
                 click.echo(_stats_table([(q.name, q.stats()) for q in handles]))
                 return
@@ -503,9 +504,9 @@ def job(
 ) -> None:
     """Show the job ID (live or dead) of the given queues.
 
-    Job ids are unique within a store, but every read is scoped to a queue
-    (SPEC §2), so the job is looked up in each queue named by --queue and
-    --app, in order.
+    Job ids are unique within a store, but every read is scoped to a queue,
+    so the job is looked up in each queue named by --queue and --app, in
+    order; with neither, in every queue of the store.
     """
     with ctx.errors():
         stack, handles = _queues_of(ctx, queues, app_spec, migrate=False)
@@ -513,7 +514,9 @@ def job(
             found = next((j for q in handles if (j := q.get_job(job_id)) is not None), None)
     if found is None:
         names = ", ".join(q.name for q in handles)
-        _fail(f"no job {job_id} in queue(s) {names}")
+        _fail(
+            f"no job {job_id} in queue(s) {names}" if names else f"no job {job_id}: no queues yet"
+        )
     fields = _job_fields(found)
     if as_json:
         click.echo(json.dumps(fields, ensure_ascii=False, indent=2))
@@ -546,7 +549,9 @@ def pause(ctx: _Context, *, queue_name: str, app_spec: str | None) -> None:
     _check_queue_name(ctx, queue_name)
     with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
         changed = store.queue(queue_name).pause()
-    click.echo(f"queue {queue_name} paused" if changed else f"queue {queue_name} was paused")
+    click.echo(
+        f"queue {queue_name} paused" if changed else f"queue {queue_name} was already paused"
+    )
 
 
 @cli.command()

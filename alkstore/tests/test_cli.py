@@ -373,7 +373,7 @@ BROKEN_MODULES = {
     ),
     "missingdep": ("import no_such_dependency\n", "No module named 'no_such_dependency'"),
     "noapp": ("x = 1\n", "has no attribute 'app'"),
-    "notapp": ("app = 42\n", "it is a int, not an alkstore.App"),
+    "notapp": ("app = 42\n", "it is of type int, not an alkstore.App"),
     "attrraises": (
         "def __getattr__(name):\n    raise LookupError('lazy attribute failed')\n",
         "LookupError: lazy attribute failed",

@@ -73,8 +73,10 @@ class Text(str):
         (float("nan"), "NaN"),
         ({"v": float("inf")}, "NaN or infinity"),
         ({"when": datetime(2030, 1, 1)}, "datetime"),
-        ({"o": object()}, "object"),
-        ({1: "int key"}, "key"),
+        ({"o": object()}, r"payload\['o'\] is of type object;"),
+        ({1: "int key"}, "payload has a key of type int; JSON object keys must be str"),
+        # A key too big to print (repr refuses past 4,300 digits) is named by type.
+        ({"d": {10**5000: 1}}, r"payload\['d'\] has a key of type int;"),
         (Colour.RED, "Colour"),
         ([Text("x")], "Text"),
         ((1, 2), "tuple"),

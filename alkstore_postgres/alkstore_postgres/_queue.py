@@ -335,7 +335,7 @@ class PostgresQueue(Queue):
         if not isinstance(conn, psycopg.Connection):
             raise ValidationError(
                 "enqueue_tx needs a psycopg.Connection (psycopg 3) to the store's "
-                f"database, not {type(conn).__name__}"
+                f"database, not {type(conn).__module__}.{type(conn).__qualname__}"
             )
         status = conn.info.transaction_status
         if status != TransactionStatus.INTRANS:

@@ -309,7 +309,7 @@ class SqliteQueue(Queue):
         if not isinstance(conn, sqlite3.Connection):
             raise ValidationError(
                 "enqueue_tx needs a sqlite3.Connection to the store's database "
-                f"{self._store.path!r}, not {type(conn).__name__}"
+                f"{self._store.path!r}, not {type(conn).__module__}.{type(conn).__qualname__}"
             )
         try:
             in_transaction = conn.in_transaction
