@@ -145,6 +145,10 @@ def _default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"[-255:]
 
 
+def _every(chore: str, interval_s: float | None) -> str:
+    return f"no {chore}" if interval_s is None else f"{chore} every {interval_s:g} s"
+
+
 class Worker:
     """Runs an :class:`App`'s tasks from its queues (docs/tasks-and-workers.md).
 
@@ -419,11 +423,13 @@ class Worker:
         ]
         pool = DaemonPool(self._concurrency, f"alkstore-job-{self._worker_id}")
         log.info(
-            "worker %s started: queues %s, concurrency %d%s%s",
+            "worker %s started: queues %s, concurrency %d%s, %s, %s%s",
             self._worker_id,
             ", ".join(self._queue_names) or "none",
             self._concurrency,
             f", relays {', '.join(self._app.relays)}" if relays else "",
+            _every("sweep", self._sweep_interval_s),
+            _every("schedule tick", self._tick_interval_s),
             ", burst" if burst else "",
         )
         self._heartbeater.start()

@@ -39,11 +39,16 @@ from alkstore._job import Job, QueueStats
 from alkstore._queue import Queue
 from alkstore._redact import redact_url
 from alkstore._schedule import CATCH_UP_POLICIES
-from alkstore._scheduler import DEFAULT_TICK_INTERVAL_S, Scheduler
+from alkstore._scheduler import Scheduler
 from alkstore._signals import stop_signals
 from alkstore._store import Store
 from alkstore._task import parse_task_payload
-from alkstore._worker import DEFAULT_GRACE_PERIOD_S, DEFAULT_POLL_INTERVAL_S
+from alkstore._worker import (
+    DEFAULT_GRACE_PERIOD_S,
+    DEFAULT_POLL_INTERVAL_S,
+    DEFAULT_SWEEP_INTERVAL_S,
+    DEFAULT_TICK_INTERVAL_S,
+)
 from alkstore.errors import AlkstoreError
 
 __all__ = ["cli", "load_app", "main"]
@@ -316,6 +321,22 @@ def cli(click_ctx: click.Context, url: str | None, debug: bool) -> None:
     help="On SIGTERM/SIGINT, running jobs get this long to finish.",
 )
 @click.option(
+    "--sweep-interval",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_SWEEP_INTERVAL_S,
+    show_default=True,
+    metavar="SECONDS",
+    help="Sweep expired jobs and old dead letters this often; 0: never.",
+)
+@click.option(
+    "--tick-interval",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_TICK_INTERVAL_S,
+    show_default=True,
+    metavar="SECONDS",
+    help="Fire due schedules this often; 0: never (run `alkstore scheduler` instead).",
+)
+@click.option(
     "--worker-id", metavar="ID", help="Recorded on claimed jobs [default: host:pid:random]"
 )
 @_LOG_LEVEL
@@ -329,6 +350,8 @@ def worker(
     burst: bool,
     poll_interval: float,
     grace_period: float,
+    sweep_interval: float,
+    tick_interval: float,
     worker_id: str | None,
     log_level: str,
 ) -> None:
@@ -348,6 +371,8 @@ def worker(
             concurrency,
             poll_interval_s=poll_interval,
             grace_period_s=grace_period,
+            sweep_interval_s=sweep_interval or None,
+            tick_interval_s=tick_interval or None,
             worker_id=worker_id,
         )
         logging.getLogger("alkstore.worker").info(
@@ -824,7 +849,7 @@ def scheduler(ctx: _Context, *, interval: float, log_level: str, app_spec: str |
     """Fire the store's schedules until SIGTERM/SIGINT, without running jobs.
 
     Workers tick the scheduler themselves; run this when no worker does
-    (workers started with tick_interval_s=None). Any number may run: each
+    (workers started with --tick-interval 0). Any number may run: each
     boundary fires once.
     """
     _configure_logging(log_level)

@@ -189,6 +189,25 @@ def test_worker_burst_runs_the_jobs_and_logs_each(project: Path, url: str) -> No
     assert table.splitlines()[1].split() == ["mail", "0", "0", "0", "1"]
 
 
+@pytest.mark.parametrize(
+    ("options", "chores"),
+    [
+        ((), "sweep every 60 s, schedule tick every 1 s"),
+        (("--tick-interval", "0"), "sweep every 60 s, no schedule tick"),
+        (
+            ("--sweep-interval", "0", "--tick-interval", "2.5"),
+            "no sweep, schedule tick every 2.5 s",
+        ),
+    ],
+)
+def test_worker_chore_intervals_reach_the_worker(
+    project: Path, url: str, options: tuple[str, ...], chores: str
+) -> None:
+    result = command(project, "--url", url, "worker", "jobs:app", "--burst", *options)
+    ok(result)
+    assert f"started: queues mail, concurrency 1, {chores}, burst" in result.stderr
+
+
 def test_a_url_on_the_command_line_overrides_the_apps(project: Path, url: str) -> None:
     """``jobs:other`` was made with ``sqlite:///other.db``; ``--url`` wins."""
     ok(command(project, "--url", url, "enqueue", "mail", '{"task": "send", "args": ["x"]}'))
