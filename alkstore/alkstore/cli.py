@@ -425,7 +425,7 @@ def enqueue(
     with ctx.errors():
         if app_spec:
             app = ctx.app(app_spec)
-            _check_task(app, app_spec, value)  # before the store opens
+            _check_task(app, app_spec, queue_name, value)  # before the store opens
             with app:
                 job_id = app.queue(queue_name).enqueue(value, **options)
         else:
@@ -434,10 +434,11 @@ def enqueue(
     click.echo(job_id)
 
 
-def _check_task(app: App, app_spec: str, payload: object) -> None:
+def _check_task(app: App, app_spec: str, queue_name: str, payload: object) -> None:
     """With ``--app``: refuse a task payload naming a task the app does not
     have (its worker would dead-letter the job as unknown), or arguments
-    that do not fit the task's function."""
+    that do not fit the task's function; warn when the task is declared on
+    another queue (the app's workers claim from it only if given ``-q``)."""
     if not isinstance(payload, dict) or "task" not in payload:
         return  # not meant as a task payload: a queue of the app's, used by hand
     try:
@@ -449,6 +450,13 @@ def _check_task(app: App, app_spec: str, payload: object) -> None:
         known = ", ".join(sorted(app.tasks)) or "none"
         _fail(f"{app_spec} has no task {call.name!r} (its tasks: {known})")
     task.check_call(call.args, call.kwargs)
+    if task.queue != queue_name:
+        click.echo(
+            f"Warning: task {call.name!r} is declared on queue {task.queue!r}, not "
+            f"{queue_name!r}: `alkstore worker {app_spec}` claims from {queue_name!r} "
+            f"only when started with -q {queue_name}",
+            err=True,
+        )
 
 
 def _stats_table(rows: Sequence[tuple[str, QueueStats]]) -> str:

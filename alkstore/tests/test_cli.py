@@ -480,3 +480,18 @@ def test_enqueue_with_an_app_checks_the_task(project: Path, url: str) -> None:
         ok(command(project, "--url", url, "job", job_id.strip(), "-q", "mail", "--json"))
     )
     assert shown["max_attempts"] == 5
+
+
+def test_enqueue_with_an_app_warns_when_the_task_lives_on_another_queue(
+    project: Path, url: str
+) -> None:
+    payload = '{"task": "send", "args": ["x"]}'
+    elsewhere = command(project, "--url", url, "enqueue", "other", payload, "--app", "jobs:app")
+    assert ok(elsewhere).strip().isdigit()  # enqueued all the same: -q other would run it
+    assert elsewhere.stderr.strip() == (
+        "Warning: task 'send' is declared on queue 'mail', not 'other': "
+        "`alkstore worker jobs:app` claims from 'other' only when started with -q other"
+    )
+    home = command(project, "--url", url, "enqueue", "mail", payload, "--app", "jobs:app")
+    assert ok(home).strip().isdigit()
+    assert home.stderr == ""
