@@ -60,13 +60,16 @@ class App:
     Raises
     ------
     ValidationError
-        If ``store`` is given together with ``url`` or engine options, or is
-        not a :class:`Store`.
+        If ``url`` is not a ``str``, or ``store`` is given together with
+        ``url`` or engine options, or is not a :class:`Store`. (The URL's
+        form and the engine options are checked when the store opens.)
     """
 
     def __init__(
         self, url: str | None = None, *, store: Store | None = None, **engine_options: Any
     ) -> None:
+        if url is not None and not isinstance(url, str):
+            raise ValidationError(f"url must be a str, not {type(url).__name__}")
         if store is not None:
             if url is not None or engine_options:
                 raise ValidationError("give either store= or a url and engine options, not both")

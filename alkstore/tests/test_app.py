@@ -77,6 +77,9 @@ def test_an_app_over_a_given_store_leaves_it_open(url: str) -> None:
         App(url, store=store)
     with pytest.raises(ValidationError, match="Store"):
         App(store="not a store")  # type: ignore[arg-type]
+    # A URL that is not a str is refused at once, not at the first enqueue.
+    with pytest.raises(ValidationError, match="url must be a str, not int"):
+        App(5)  # type: ignore[arg-type]
 
 
 def test_register_with_and_without_parentheses(app: App) -> None:
