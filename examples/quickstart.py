@@ -161,15 +161,36 @@ def check_command(root: Path, limit: int | None) -> str:
     )
 
 
+def at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    return parse
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="hash a directory tree through alkstore")
     parser.add_argument("--url", default=app.url, help=f"the store (default {app.url})")
     parser.add_argument(
         "--root", type=Path, default=Path(sysconfig.get_paths()["stdlib"]), help="tree to hash"
     )
-    parser.add_argument("--concurrency", type=int, default=4, help="worker threads")
-    parser.add_argument("--limit", type=int, default=None, help="hash at most this many files")
+    parser.add_argument("--concurrency", type=at_least(1), default=4, help="worker threads")
+    parser.add_argument(
+        "--limit", type=at_least(0), default=None, help="hash at most this many files"
+    )
     args = parser.parse_args()
+    if not args.root.is_dir():
+        parser.error(f"--root {args.root}: not a directory")
+    try:
+        run(args)
+    except alkstore.AlkstoreError as exc:
+        sys.exit(f"error: {exc}")
+
+
+def run(args: argparse.Namespace) -> None:
 
     from tqdm import tqdm
 

@@ -177,3 +177,29 @@ def test_limit_takes_the_first_files_in_byte_order(tmp_path: Path) -> None:
     assert set(first) == {b"./C", b"./a", b"./a-b"}
     check_summary(summary, db, first)
     check_command_agrees(summary)
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "message"),
+    [
+        (("--limit", "-1"), 2, "argument --limit: must be at least 0, got -1"),
+        (("--concurrency", "0"), 2, "argument --concurrency: must be at least 1, got 0"),
+        (("--root", "/nonexistent/tree"), 2, "--root /nonexistent/tree: not a directory"),
+        (("--url", "sqlite:///:memory:"), 1, "error: SQLite URL 'sqlite:///:memory:' is not"),
+    ],
+)
+def test_bad_arguments_are_one_clear_line(
+    tmp_path: Path, args: tuple[str, ...], status: int, message: str
+) -> None:
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLE), *args],
+        check=False,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == status
+    assert message in result.stderr.splitlines()[-1]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "quickstart.db").exists()  # nothing was written
