@@ -384,8 +384,11 @@ class Queue(abc.ABC):
     def requeue(self, job_id: int, *, delay: object = None) -> bool:
         """Move a dead job of this queue back to pending, as River's and
         Oban's "retry job" do: same id, payload and stamps, ``attempts``
-        reset to 0, ``worker_id``/``claim_deadline``/``died_at`` cleared,
-        ``last_error`` kept for the record. It is due after ``delay``
+        kept (they count claims, so no claim identity ever repeats) and a
+        fresh budget (``max_attempts`` raised by its own size, at most
+        ``2**31 - 1``; docs/decisions.md D21), ``worker_id``/
+        ``claim_deadline``/``died_at`` cleared, ``last_error`` kept for the
+        record. It is due after ``delay``
         (default now); an expiring job gets its original expiry duration
         (``expires_at - enqueued_at``) again, counted from its new
         ``run_at``. Wakes the queue's subscribers.
@@ -492,7 +495,9 @@ class Queue(abc.ABC):
     def _requeue(self, job_id: int, now: datetime, run_at: datetime) -> bool:
         """In one statement or transaction, move this queue's dead row
         ``job_id`` back to the live table: pending (due at ``run_at``; ``now``
-        is the call's clock reading), ``attempts = 0``,
+        is the call's clock reading), ``attempts`` kept,
+        ``max_attempts = min(attempts + max_attempts, 2**31 - 1)`` (a fresh
+        budget that never repeats a claim's identity; D21),
         ``expires_at = run_at + (old expires_at - old enqueued_at)``
         (NULL stays NULL), ``worker_id``/``claim_deadline``/``died_at``
         cleared, everything else kept; wake the subscribers on commit.

@@ -74,14 +74,17 @@ DEAD_JOBS = Statement(
 # row lock makes concurrent requeues of one job wait, then find it gone.
 # The id is the job's own (OVERRIDING: the identity never hands it out
 # again). An expiring job gets its original expiry duration (expires_at -
-# enqueued_at, always > 0) again from its new run_at, as exact seconds: an interval with
-# days would be added in the session's time zone, across DST changes.
+# enqueued_at, always > 0) again from its new run_at, as exact seconds: an
+# interval with days would be added in the session's time zone, across DST
+# changes. Its attempts are kept, so no claim of it can repeat an earlier
+# claim's (id, attempts) identity, and its budget is renewed by raising
+# max_attempts by its own size (D21).
 REQUEUE = sql.SQL("""
     WITH moved AS (
         DELETE FROM {dead} WHERE id = %(id)s AND queue = %(queue)s
         RETURNING id, queue, payload, content_type, priority, run_at, expires_at,
-                  enqueued_at, max_attempts, visibility_timeout_s, backoff_base_s,
-                  backoff_cap_s, last_error
+                  enqueued_at, attempts, max_attempts, visibility_timeout_s,
+                  backoff_base_s, backoff_cap_s, last_error
     ), ins AS (
         INSERT INTO {jobs} (id, queue, state, payload, content_type, priority, run_at,
             expires_at, enqueued_at, attempts, max_attempts, visibility_timeout_s,
@@ -89,8 +92,8 @@ REQUEUE = sql.SQL("""
         OVERRIDING SYSTEM VALUE
         SELECT id, queue, %(state)s, payload, content_type, priority, %(run_at)s,
                %(run_at)s + make_interval(secs => extract(epoch FROM expires_at - enqueued_at)),
-               enqueued_at, 0, max_attempts, visibility_timeout_s, backoff_base_s,
-               backoff_cap_s, last_error
+               enqueued_at, attempts, least(attempts::bigint + max_attempts, 2147483647),
+               visibility_timeout_s, backoff_base_s, backoff_cap_s, last_error
         FROM moved
         RETURNING 1
     ), wake AS (

@@ -171,7 +171,7 @@ def test_requeue_moves_a_dead_job_back(
         state="pending",
         run_at=run_at,
         expires_at=run_at + timedelta(seconds=100),
-        attempts=0,
+        max_attempts=dead.attempts + dead.max_attempts,  # attempts kept, budget renewed
         worker_id=None,
         claim_deadline=None,
         died_at=None,
@@ -187,7 +187,7 @@ def test_requeue_moves_a_dead_job_back(
     clock.advance(30)
     handle = q.claim_one("w")
     assert handle is not None
-    assert (handle.id, handle.attempts, handle.payload) == (job_id, 1, {"k": 1})
+    assert (handle.id, handle.attempts, handle.payload) == (job_id, dead.attempts + 1, {"k": 1})
 
 
 def test_requeue_now_is_pending_and_keeps_no_expiry(

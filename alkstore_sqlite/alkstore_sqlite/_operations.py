@@ -63,7 +63,9 @@ DEAD_PAGE = f"""
 # in exactly one table, and of concurrent requeues of one job the first
 # moves it and the others find no dead row. An expiring job gets its
 # original expiry duration (expires_at - enqueued_at, always > 0) again,
-# from its new run_at; NULL stays NULL.
+# from its new run_at; NULL stays NULL. Its attempts are kept, so no claim
+# of it can repeat an earlier claim's (id, attempts) identity, and its
+# budget is renewed by raising max_attempts by its own size (D21).
 _REQUEUE = """
     INSERT INTO _alkstore_jobs (
         id, queue, state, priority, run_at, expires_at, claim_deadline,
@@ -71,8 +73,8 @@ _REQUEUE = """
         backoff_cap_s, enqueued_at, worker_id, content_type, last_error,
         payload)
     SELECT id, queue, :state, priority, :run_at, :run_at + (expires_at - enqueued_at), NULL,
-           0, max_attempts, visibility_timeout_s, backoff_base_s,
-           backoff_cap_s, enqueued_at, NULL, content_type, last_error,
+           attempts, min(attempts + max_attempts, 2147483647), visibility_timeout_s,
+           backoff_base_s, backoff_cap_s, enqueued_at, NULL, content_type, last_error,
            payload
     FROM _alkstore_dead WHERE id = :id AND queue = :queue
 """

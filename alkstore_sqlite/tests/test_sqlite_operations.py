@@ -236,7 +236,7 @@ def test_a_requeue_in_another_process_wakes(db_url: str, db_path: Path, store: S
     assert woke == [True]
     handle = store.queue("q").claim_one("w")
     assert handle is not None
-    assert (handle.id, handle.payload, handle.attempts) == (job_id, "doomed", 1)
+    assert (handle.id, handle.payload, handle.attempts) == (job_id, "doomed", 2)
 
 
 def test_a_requeue_wakes_this_process_at_once(store: SqliteStore, db_path: Path) -> None:
@@ -319,7 +319,7 @@ def test_requeue_restores_the_row_with_its_old_id(
     run_at = T0 + timedelta(seconds=60)
     assert job.state == "pending"
     assert (job.id, job.queue, job.payload, job.priority) == (job_id, "q", b"\x00bytes", 3)
-    assert (job.attempts, job.max_attempts) == (0, 4)
+    assert (job.attempts, job.max_attempts) == (1, 5)  # kept, and 4 more allowed
     assert (job.visibility_timeout_s, job.backoff_base_s, job.backoff_cap_s) == (7.5, 3, 90)
     assert (job.run_at, job.expires_at) == (run_at, run_at + timedelta(seconds=100))
     assert (job.enqueued_at, job.last_error) == (T0, "it broke")
@@ -329,7 +329,7 @@ def test_requeue_restores_the_row_with_its_old_id(
     clock.advance(30)
     again = queue.claim_one("w")
     assert again is not None
-    assert (again.id, again.attempts) == (job_id, 1)
+    assert (again.id, again.attempts) == (job_id, 2)
     # The id is not handed out again: new jobs go on above the old high mark.
     with sqlite3.connect(db_path) as conn:
         (seq_after,) = conn.execute(

@@ -419,9 +419,10 @@ class ModelStore:
 
     def requeue(self, queue: str, job_id: int, run_at: datetime) -> bool:
         """``Queue.requeue`` with the resolved ``run_at``: the dead row back to
-        pending, attempts 0, its expiry duration (``expires_at -
-        enqueued_at``) counted again from ``run_at``, claim fields and
-        ``died_at`` cleared, ``last_error`` kept."""
+        pending, its attempts kept and its budget renewed (``max_attempts``
+        raised by its own size, at most ``2**31 - 1``), its expiry duration
+        (``expires_at - enqueued_at``) counted again from ``run_at``, claim
+        fields and ``died_at`` cleared, ``last_error`` kept."""
         row = self.dead.get(job_id)
         if row is None or row.queue != queue:
             return False
@@ -430,7 +431,7 @@ class ModelStore:
             row.expires_at = run_at + (row.expires_at - row.enqueued_at)
         row.state = "pending"
         row.run_at = run_at
-        row.attempts = 0
+        row.max_attempts = min(row.attempts + row.max_attempts, 2**31 - 1)
         row.worker_id = None
         row.claim_deadline = None
         row.died_at = None

@@ -197,17 +197,18 @@ class LeakyDeadLetterQueue(SqliteQueue):
 # -- (e) a requeue that keeps the attempts -------------------------------------
 
 
-class RequeueKeepsAttemptsQueue(SqliteQueue):
-    """Requeues a dead job with the attempts it died with, so it has fewer
-    (or no) attempts left."""
+class RequeueResetsAttemptsQueue(SqliteQueue):
+    """Requeues a dead job with its attempts reset to 0 and its old budget:
+    the claim after the requeue repeats an earlier claim's (id, attempts),
+    so a handle from before the job died can act on it."""
 
     def _requeue(self, job_id: int, now: datetime, run_at: datetime) -> bool:
         dead = self._get_job(job_id)
         if not super()._requeue(job_id, now, run_at):
             return False
         assert dead is not None
-        params = {"id": job_id, "attempts": dead.attempts}
-        sql = "UPDATE _alkstore_jobs SET attempts = :attempts WHERE id = :id"
+        params = {"id": job_id, "max_attempts": dead.max_attempts}
+        sql = "UPDATE _alkstore_jobs SET attempts = 0, max_attempts = :max_attempts WHERE id = :id"
         self._store._pool.run(_rowcount, sql, params)
         return True
 
@@ -273,7 +274,7 @@ QUEUE_CLASSES: dict[str, type[SqliteQueue]] = {
     "broken-stale": StaleQueue,
     "broken-claim": RacyClaimQueue,
     "broken-dead": LeakyDeadLetterQueue,
-    "broken-requeue": RequeueKeepsAttemptsQueue,
+    "broken-requeue": RequeueResetsAttemptsQueue,
     "broken-pause": PausedClaimBuriesQueue,
 }
 STORE_CLASSES: dict[str, type[SqliteStore]] = {
@@ -347,7 +348,7 @@ class LeakyDeadLetterHarness(_BrokenHarness):
     scheme = "broken-dead"
 
 
-class RequeueKeepsAttemptsHarness(_BrokenHarness):
+class RequeueResetsAttemptsHarness(_BrokenHarness):
     scheme = "broken-requeue"
 
 

@@ -94,7 +94,10 @@ STALE = "stale_handle or retried_handle"
 RACE = "case_001"
 DEAD = "case_011"
 MODEL = "agrees_with_the_model"
-REQUEUE = "requeue_restores or requeue_without_delay or second_requeue or requeued_job_wakes"
+REQUEUE = (
+    "requeue_restores or requeue_without_delay or second_requeue or requeued_job_wakes"
+    " or before_the_death or renews_the_budget"
+)
 PAUSE = "paused_claim_neither or paused_queue_hands_out or pause_is_visible"
 FIRE = (
     "stale_revision or stale_read or deleted_schedule_does_not_fire "
@@ -158,22 +161,26 @@ def test_non_atomic_dead_letter_move_fails(run_suite: RunSuite) -> None:
     assert failed_tests(result) == {"test_case_011_dead_letter_move_is_atomic"}
 
 
-def test_requeue_keeping_attempts_fails(run_suite: RunSuite) -> None:
-    result = run_suite("broken_engines", "RequeueKeepsAttemptsHarness", "-k", REQUEUE)
+def test_requeue_resetting_attempts_fails(run_suite: RunSuite) -> None:
+    result = run_suite("broken_engines", "RequeueResetsAttemptsHarness", "-k", REQUEUE)
     assert failed_tests(result) == {
         "test_requeue_restores_a_pending_job_with_its_fields",
         "test_requeue_without_delay_is_due_now_and_keeps_no_expiry",
+        "test_a_handle_from_before_the_death_never_touches_the_requeued_claim[expired]",
+        "test_a_handle_from_before_the_death_never_touches_the_requeued_claim"
+        "[lapsed-on-its-last-attempt]",
+        "test_requeue_renews_the_budget_up_to_its_ceiling",
     }
 
 
-def test_requeue_keeping_attempts_fails_the_model_comparison(
+def test_requeue_resetting_attempts_fails_the_model_comparison(
     run_suite: RunSuite, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The fault shows only when a job that died after a claim is requeued
     and then read or claimed: more examples than the default, as for the
     stale handle."""
     monkeypatch.setenv("ALKSTORE_STATEFUL_EXAMPLES", "400")
-    result = run_suite("broken_engines", "RequeueKeepsAttemptsHarness", "-k", MODEL)
+    result = run_suite("broken_engines", "RequeueResetsAttemptsHarness", "-k", MODEL)
     assert failed_tests(result) == {"test_engine_agrees_with_the_model"}
 
 

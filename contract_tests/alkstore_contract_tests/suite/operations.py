@@ -294,13 +294,14 @@ class DeadLetterOpsTests(ContractFixtures):
         assert q.requeue(job_id, delay=10) is True
         back = job(q, job_id)
         assert back.state == "pending"
-        assert (back.id, back.queue, back.attempts) == (job_id, "jobs", 0)
+        # Attempts are kept (claims only count up), the budget renewed: 2 more.
+        assert (back.id, back.queue, back.attempts, back.max_attempts) == (job_id, "jobs", 2, 4)
         assert (back.payload, back.payload_bytes, back.content_type) == (
             died.payload,
             died.payload_bytes,
             died.content_type,
         )
-        assert (back.priority, back.max_attempts, back.enqueued_at) == (3, 2, T0)
+        assert (back.priority, back.enqueued_at) == (3, T0)
         assert (back.visibility_timeout_s, back.backoff_base_s, back.backoff_cap_s) == (7, 2, 50)
         assert (back.worker_id, back.claim_deadline, back.died_at) == (None, None, None)
         assert back.last_error == "final\ufffderror"
@@ -312,10 +313,10 @@ class DeadLetterOpsTests(ContractFixtures):
         assert q.claim_one("w") is None
         clock.set(at(60))
         handle = claim_exactly(q, job_id, "w3")
-        assert (handle.attempts, handle.claim_deadline, handle.expires_at) == (1, at(67), at(160))
+        assert (handle.attempts, handle.claim_deadline, handle.expires_at) == (3, at(67), at(160))
         assert handle.retry("again", delay=0) is True
         handle = claim_exactly(q, job_id, "w4")
-        assert handle.attempts == 2
+        assert (handle.attempts, handle.max_attempts) == (4, 4)
         assert handle.retry("last") is True  # at its budget again: dead
         again = job(q, job_id)
         assert (again.state, again.last_error, again.died_at) == (
@@ -334,11 +335,12 @@ class DeadLetterOpsTests(ContractFixtures):
         assert (back.run_at, back.expires_at, back.attempts, back.last_error) == (
             at(500),
             None,
-            0,
+            1,
             "boom",
         )
+        assert back.max_attempts == 6  # the default 5, renewed after its one claim
         assert queue.stats() == (1, 0, 0, 0)
-        assert claim_exactly(queue, job_id).attempts == 1
+        assert claim_exactly(queue, job_id).attempts == 2
 
     def test_requeue_gives_an_expired_job_its_window_again(
         self, queue: Queue, clock: ManualClock
@@ -353,6 +355,43 @@ class DeadLetterOpsTests(ContractFixtures):
         assert (back.run_at, back.expires_at, back.last_error) == (at(101), at(111), "expired")
         clock.set(at(101))
         claim_exactly(queue, job_id)
+
+    @pytest.mark.parametrize("death", ["expired", "lapsed-on-its-last-attempt"])
+    def test_a_handle_from_before_the_death_never_touches_the_requeued_claim(
+        self, queue: Queue, clock: ManualClock, death: str
+    ) -> None:
+        """A claim is (id, attempts): requeue keeps attempts, so the claim after
+        it is never mistaken for the one before (SPEC §3 "Claim identity")."""
+        if death == "expired":
+            job_id = queue.enqueue("x", expires=10)
+            old = claim_exactly(queue, job_id, "w1")
+            clock.advance(11)
+            assert queue.sweep_expired() == (1, 0)
+        else:
+            job_id = queue.enqueue("x", max_attempts=1)
+            old = claim_exactly(queue, job_id, "w1")
+            clock.advance(31)
+            assert queue.claim_one("w") is None  # the pre-claim sweep buries it
+        assert job(queue, job_id).state == "dead"
+        assert queue.requeue(job_id) is True
+        new = claim_exactly(queue, job_id, "w2")
+        assert new.attempts == old.attempts + 1
+        deadline = new.claim_deadline
+        assert old.heartbeat(60) is False
+        assert old.retry("boom", delay=0) is False
+        assert old.fail("boom") is False
+        assert old.ack() is False
+        now = job(queue, job_id)
+        assert (now.state, now.worker_id, now.claim_deadline) == ("processing", "w2", deadline)
+        assert new.ack() is True
+
+    def test_requeue_renews_the_budget_up_to_its_ceiling(
+        self, queue: Queue, clock: ManualClock
+    ) -> None:
+        job_id = _bury(queue, "x", max_attempts=2**31 - 1)
+        assert queue.requeue(job_id) is True
+        back = job(queue, job_id)
+        assert (back.attempts, back.max_attempts) == (1, 2**31 - 1)
 
     def test_requeue_of_a_live_unknown_or_foreign_job_is_false(
         self, store: Store, queue: Queue
