@@ -18,7 +18,6 @@ import dataclasses
 import importlib
 import json
 import logging
-import math
 import os
 import sys
 import threading
@@ -49,7 +48,7 @@ from alkstore._worker import (
     DEFAULT_SWEEP_INTERVAL_S,
     DEFAULT_TICK_INTERVAL_S,
 )
-from alkstore.errors import AlkstoreError
+from alkstore.errors import AlkstoreError, ValidationError
 
 __all__ = ["cli", "load_app", "main"]
 
@@ -58,6 +57,31 @@ APP_ENV = "ALKSTORE_APP"
 STATS_COLUMNS = ("pending", "scheduled", "processing", "dead")
 
 log = logging.getLogger("alkstore.cli")
+
+
+def _seconds(*, positive: bool = False) -> Any:
+    """A duration option's check: seconds by SPEC §2's rule (finite, >= 0 or
+    > 0, at most 100 years), so every bad duration is a usage error (exit
+    status 2), as click's own range checks are. Used as the option's
+    ``callback`` beside ``type=float``."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+        if value is None:
+            return None
+        try:
+            return v.duration_s(value, "the value", positive=positive)
+        except ValidationError as exc:
+            raise click.BadParameter(str(exc), ctx, param) from None
+
+    return check
+
+
+_SECONDS = _seconds()
+_POSITIVE_SECONDS = _seconds(positive=True)
+# The ranges SPEC §2 gives the per-job options, and job ids (64-bit).
+_PRIORITY = click.IntRange(v.INT32_MIN, v.INT32_MAX)
+_MAX_ATTEMPTS = click.IntRange(1, v.INT32_MAX)
+_JOB_ID = click.IntRange(0, 2**63 - 1)
 
 
 def _fail(message: str) -> NoReturn:
@@ -306,7 +330,8 @@ def cli(click_ctx: click.Context, url: str | None, debug: bool) -> None:
 @click.option("--burst", is_flag=True, help="Exit once no job is ready (RQ's burst mode).")
 @click.option(
     "--poll-interval",
-    type=click.FloatRange(min=0, min_open=True),
+    type=float,
+    callback=_POSITIVE_SECONDS,
     default=DEFAULT_POLL_INTERVAL_S,
     show_default=True,
     metavar="SECONDS",
@@ -314,7 +339,8 @@ def cli(click_ctx: click.Context, url: str | None, debug: bool) -> None:
 )
 @click.option(
     "--grace-period",
-    type=click.FloatRange(min=0),
+    type=float,
+    callback=_SECONDS,
     default=DEFAULT_GRACE_PERIOD_S,
     show_default=True,
     metavar="SECONDS",
@@ -322,7 +348,8 @@ def cli(click_ctx: click.Context, url: str | None, debug: bool) -> None:
 )
 @click.option(
     "--sweep-interval",
-    type=click.FloatRange(min=0),
+    type=float,
+    callback=_SECONDS,
     default=DEFAULT_SWEEP_INTERVAL_S,
     show_default=True,
     metavar="SECONDS",
@@ -330,7 +357,8 @@ def cli(click_ctx: click.Context, url: str | None, debug: bool) -> None:
 )
 @click.option(
     "--tick-interval",
-    type=click.FloatRange(min=0),
+    type=float,
+    callback=_SECONDS,
     default=DEFAULT_TICK_INTERVAL_S,
     show_default=True,
     metavar="SECONDS",
@@ -384,10 +412,16 @@ def worker(
 @cli.command()
 @click.argument("queue_name", metavar="QUEUE")
 @click.argument("payload", metavar="JSON")
-@click.option("--delay", type=click.FloatRange(min=0), metavar="SECONDS", help="Due this later.")
-@click.option("--priority", type=int, help="Higher is claimed first [default: the queue's].")
-@click.option("--max-attempts", type=int, help="Claims the job may consume.")
-@click.option("--expires", type=float, metavar="SECONDS", help="Expire unrun after this long.")
+@click.option("--delay", type=float, callback=_SECONDS, metavar="SECONDS", help="Due this later.")
+@click.option("--priority", type=_PRIORITY, help="Higher is claimed first [default: the queue's].")
+@click.option("--max-attempts", type=_MAX_ATTEMPTS, help="Claims the job may consume.")
+@click.option(
+    "--expires",
+    type=float,
+    callback=_POSITIVE_SECONDS,
+    metavar="SECONDS",
+    help="Expire unrun after this long.",
+)
 @click.option(
     "--app",
     "app_spec",
@@ -527,7 +561,7 @@ def _job_fields(job: Job) -> dict[str, Any]:
 
 
 @cli.command()
-@click.argument("job_id", metavar="ID", type=int)
+@click.argument("job_id", metavar="ID", type=_JOB_ID)
 @click.option("-q", "--queue", "queues", multiple=True, metavar="QUEUE", help="Where to look.")
 @click.option("--app", "app_spec", envvar=APP_ENV, metavar="MODULE:APP", help="Its queues.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -627,7 +661,7 @@ def dead() -> None:
 @dead.command("list")
 @click.argument("queue_name", metavar="QUEUE")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True)
-@click.option("--after", "after_id", type=click.IntRange(min=0), metavar="ID", help="Page on.")
+@click.option("--after", "after_id", type=_JOB_ID, metavar="ID", help="Page on.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line.")
 @_APP_STORE
 @click.pass_obj
@@ -668,9 +702,9 @@ def dead_list(
 
 @dead.command("requeue")
 @click.argument("queue_name", metavar="QUEUE")
-@click.argument("job_ids", metavar="[ID]...", nargs=-1, type=click.IntRange(min=0))
+@click.argument("job_ids", metavar="[ID]...", nargs=-1, type=_JOB_ID)
 @click.option("--all", "every", is_flag=True, help="Requeue every dead job of QUEUE.")
-@click.option("--delay", type=click.FloatRange(min=0), metavar="SECONDS", help="Due this later.")
+@click.option("--delay", type=float, callback=_SECONDS, metavar="SECONDS", help="Due this later.")
 @_APP_STORE
 @click.pass_obj
 def dead_requeue(
@@ -682,12 +716,11 @@ def dead_requeue(
     delay: float | None,
     app_spec: str | None,
 ) -> None:
-    """Move dead jobs of QUEUE back to pending with their attempts reset."""
+    """Move dead jobs of QUEUE back to pending, each with a renewed attempt
+    budget (its attempts so far are kept)."""
     _check_queue_name(ctx, queue_name)
     if bool(job_ids) == every:
         _fail("give the dead job ids to requeue, or --all (not both)")
-    if delay is not None and not math.isfinite(delay):
-        _fail(f"--delay must be a finite number of seconds, got {delay}")
     requeued = missing = 0
     with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
         queue = store.queue(queue_name)
@@ -713,7 +746,8 @@ def _every_dead_id(queue: Queue) -> Iterator[int]:
 @click.argument("queue_name", metavar="QUEUE")
 @click.option(
     "--older-than",
-    type=click.FloatRange(min=0),
+    type=float,
+    callback=_SECONDS,
     metavar="SECONDS",
     help="Only jobs dead at least this long [default: all].",
 )
@@ -786,9 +820,15 @@ def schedules(ctx: _Context, *, as_json: bool, app_spec: str | None) -> None:
     show_default=True,
     help="After an outage: fire the latest missed boundary once, or skip.",
 )
-@click.option("--priority", type=int, help="Higher is claimed first.")
-@click.option("--max-attempts", type=int, help="Claims each job may consume.")
-@click.option("--expires", type=float, metavar="SECONDS", help="Expire unrun after this long.")
+@click.option("--priority", type=_PRIORITY, help="Higher is claimed first.")
+@click.option("--max-attempts", type=_MAX_ATTEMPTS, help="Claims each job may consume.")
+@click.option(
+    "--expires",
+    type=float,
+    callback=_POSITIVE_SECONDS,
+    metavar="SECONDS",
+    help="Expire unrun after this long.",
+)
 @_APP_STORE
 @click.pass_obj
 def schedule(
@@ -844,7 +884,8 @@ def unschedule(ctx: _Context, *, name: str, app_spec: str | None) -> None:
 @cli.command()
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0, min_open=True),
+    type=float,
+    callback=_POSITIVE_SECONDS,
     default=DEFAULT_TICK_INTERVAL_S,
     show_default=True,
     metavar="SECONDS",

@@ -201,7 +201,7 @@ def test_dead_requeue_by_id_with_a_delay(project: Path, url: str) -> None:
         assert job is not None
         assert (job.state, job.attempts, job.worker_id, job.claim_deadline, job.died_at) == (
             "pending",
-            0,
+            1,
             None,
             None,
             None,
@@ -242,7 +242,7 @@ def test_dead_requeue_all(project: Path, url: str) -> None:
     with read(url) as store:
         mail = store.queue("mail")
         assert tuple(mail.stats()) == (3, 0, 0, 0)
-        assert [job.attempts for job in map(mail.get_job, ids) if job is not None] == [0, 0, 0]
+        assert [job.attempts for job in map(mail.get_job, ids) if job is not None] == [1, 1, 1]
         assert [job.id for job in store.queue("other").dead_jobs()] == [other]
     # ...and the worker runs them again (they are not task payloads: dead again).
     ok(run(project, url, "worker", "jobs:app", "--burst"))
@@ -527,10 +527,32 @@ def test_writing_operations_never_create_a_database(project: Path, args: Sequenc
     assert not (project / "typo.db").exists()
 
 
-def test_dead_requeue_refuses_a_delay_that_is_not_finite(project: Path, url: str) -> None:
-    ok(run(project, url, "migrate"))
-    line = one_line_error(run(project, url, "dead", "requeue", "mail", "--all", "--delay", "nan"))
-    assert "--delay must be a finite number of seconds, got nan" in line
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("dead", "requeue", "mail", "--all", "--delay", "nan"), "must be finite, got nan"),
+        (("dead", "requeue", "mail", "--all", "--delay", "-1"), "must be >= 0 seconds"),
+        (("dead", "purge", "mail", "--older-than", "inf"), "must be finite, got inf"),
+        (("dead", "purge", "mail", "--older-than", "-1"), "must be >= 0 seconds"),
+        (("dead", "list", "mail", "--after", str(2**63)), "is not in the range 0<=x<="),
+        (("enqueue", "mail", "1", "--delay", "nan"), "must be finite, got nan"),
+        (("enqueue", "mail", "1", "--expires", "0"), "must be > 0 seconds"),
+        (("enqueue", "mail", "1", "--priority", str(2**31)), "is not in the range"),
+        (("enqueue", "mail", "1", "--max-attempts", "0"), "is not in the range 1<=x<="),
+        (("schedule", "s", "@daily", "mail", "1", "--expires", "-3"), "must be > 0 seconds"),
+        (("job", str(2**63)), "is not in the range 0<=x<="),
+    ],
+    ids=lambda part: part if isinstance(part, str) else " ".join(part[:2]),
+)
+def test_a_bad_number_is_a_usage_error_before_the_store_opens(
+    project: Path, url: str, args: tuple[str, ...], message: str
+) -> None:
+    """Exit status 2, as click's own checks: every duration by SPEC §2's
+    rule, every per-job option and job id by its range."""
+    result = run(project, url, *args)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert message in result.stderr
+    assert not Path(url.removeprefix("sqlite:///")).exists()
 
 
 def test_scheduler_and_sweeper_need_a_store() -> None:
