@@ -188,8 +188,10 @@ class Queue(abc.ABC):
         Parameters
         ----------
         conn
-            The engine's driver connection, inside an open transaction (see
-            the engine's documentation for the type).
+            The engine's driver connection, inside an open transaction, or
+            one whose driver opens it before its first statement (sqlite3's
+            default, psycopg outside autocommit): the enqueue then opens the
+            caller's transaction. See the engine's documentation for the type.
         payload, options
             As :meth:`enqueue`.
 

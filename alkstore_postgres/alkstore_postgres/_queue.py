@@ -338,7 +338,10 @@ class PostgresQueue(Queue):
                 f"database, not {type(conn).__module__}.{type(conn).__qualname__}"
             )
         status = conn.info.transaction_status
-        if status != TransactionStatus.INTRANS:
+        # Outside autocommit, psycopg begins a transaction before the insert
+        # by itself, as before the caller's own first statement.
+        begins = status == TransactionStatus.IDLE and not conn.autocommit
+        if status != TransactionStatus.INTRANS and not begins:
             state = {
                 TransactionStatus.IDLE: "not inside a transaction (BEGIN first, or use "
                 "conn.transaction())",

@@ -91,6 +91,24 @@ def test_huge_ids_are_unknown(store: PostgresStore) -> None:
         assert q.ack_batch([job_id]) == 0
 
 
+@pytest.mark.parametrize("commit", [True, False])
+def test_enqueue_tx_on_a_non_autocommit_connection_begins_the_callers_transaction(
+    postgres_url: str, store: PostgresStore, commit: bool
+) -> None:
+    """psycopg outside autocommit begins a transaction before a connection's
+    first statement: the enqueue may be that statement, and the caller's
+    commit or rollback decides."""
+    q = store.queue("tx")
+    with psycopg.connect(postgres_url) as conn:
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        job_id = q.enqueue_tx(conn, {"order": 1})
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        assert q.get_job(job_id) is None  # not committed yet
+        conn.commit() if commit else conn.rollback()
+    assert (q.get_job(job_id) is not None) == commit
+    assert q.stats().pending == (1 if commit else 0)
+
+
 def test_enqueue_tx_refuses_unusable_connections(postgres_url: str, store: PostgresStore) -> None:
     q = store.queue("tx")
     other = sqlite3.connect(":memory:")

@@ -265,6 +265,15 @@ def _claim_order(row: Sequence[Any]) -> tuple[int, int, int]:
     return (-row[5], row[6], row[0])
 
 
+def _begins_implicitly(conn: sqlite3.Connection) -> bool:
+    """Whether the sqlite3 module opens a transaction by itself before the
+    insert (its default, legacy transaction control with an
+    ``isolation_level``): the insert then starts the caller's transaction,
+    which the caller commits, as its own first write would."""
+    legacy = getattr(sqlite3, "LEGACY_TRANSACTION_CONTROL", -1)
+    return getattr(conn, "autocommit", legacy) == legacy and conn.isolation_level is not None
+
+
 class SqliteQueue(Queue):
     """A queue of a :class:`~alkstore_sqlite.SqliteStore` (SPEC §2, §3).
 
@@ -328,7 +337,7 @@ class SqliteQueue(Queue):
                 f"enqueue_tx needs a connection to the store's database "
                 f"{self._store.path!r}; this one is on {main or 'a temporary database'!r}"
             )
-        if not in_transaction:
+        if not in_transaction and not _begins_implicitly(conn):
             raise ValidationError(
                 "enqueue_tx needs the connection inside an open transaction "
                 "(execute BEGIN first); alkstore never commits it"

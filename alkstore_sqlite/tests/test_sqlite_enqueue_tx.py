@@ -188,3 +188,24 @@ def test_a_database_error_keeps_the_callers_transaction(
     app.execute("DROP TRIGGER insert_fails")
     assert app.execute("SELECT id FROM orders").fetchall() == [(8,)]
     assert store.queue("q").stats() == (0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("commit", [True, False])
+def test_the_sqlite3_modules_implicit_transaction_is_the_callers(
+    store: SqliteStore, db_path: Path, commit: bool
+) -> None:
+    """sqlite3's default (legacy transaction control): the module begins a
+    transaction before the first write, so the enqueue opens it and the
+    caller's commit or rollback decides, as for its own first write."""
+    conn = sqlite3.connect(db_path, timeout=30)  # isolation_level "" (DEFERRED)
+    try:
+        assert not conn.in_transaction
+        job_id = store.queue("q").enqueue_tx(conn, {"order": 1})
+        assert conn.in_transaction
+        assert store.queue("q").get_job(job_id) is None  # not committed yet
+        conn.commit() if commit else conn.rollback()
+    finally:
+        conn.close()
+    got = store.queue("q").get_job(job_id)
+    assert (got is not None) == commit
+    assert store.queue("q").stats().pending == (1 if commit else 0)
