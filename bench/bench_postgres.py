@@ -214,6 +214,13 @@ def claim_script(queue: str, batch: int) -> str:
     )
 
 
+# The cheapest durable transaction a queue could commit: one int into a table
+# with no index. Its rate at one client bounds every one-by-one enqueue on
+# this server, whatever the client.
+FLOOR_TABLE = "alkstore_bench_floor"
+FLOOR_SCRIPT = f"INSERT INTO {FLOOR_TABLE} VALUES (1);\n"
+
+
 def fill_sql(queue: str, count: int) -> str:
     values = _VALUES.format(queue=queue)
     return (
@@ -275,6 +282,20 @@ def alk_enqueue(url: str, n: int, batch: int) -> float:
         else:
             for start in range(0, n, batch):
                 q.enqueue_many([PAYLOAD] * min(batch, n - start))
+        return n / (time.perf_counter() - begun)
+
+
+def bare_enqueue(url: str, n: int) -> float:
+    """alkstore's enqueue statement (pgbench's script) sent one by one through
+    a bare psycopg connection, prepared: the driver's ceiling, without the
+    pool, the option resolution and the payload codec."""
+    statement = insert_script("enq", 1).encode()
+    with psycopg.connect(url, autocommit=True) as conn:
+        for _ in range(10):
+            conn.execute(statement, prepare=True).fetchone()
+        begun = time.perf_counter()
+        for _ in range(n):
+            conn.execute(statement, prepare=True).fetchone()
         return n / (time.perf_counter() - begun)
 
 
@@ -800,6 +821,29 @@ def rate_row(
     table.add(Row(name, "jobs/s", shown, ", ".join(targets), verdict))
 
 
+def enqueue_floor(bench: Bench, n: int, figures: dict[str, float | None]) -> None:
+    """Note what bounds one-by-one enqueue on this server: each call waits
+    for its own commit's WAL flush, so a durable one-int insert at one client
+    (pgbench) is the floor of its cost, and the bare driver sending
+    alkstore's statement is the ceiling of any psycopg client."""
+    alk_url = bench.urls["alkstore"]
+    sql(alk_url, f"CREATE TABLE IF NOT EXISTS {FLOOR_TABLE} (x int)")
+    floor = bench.measure(
+        "pgbench", lambda: bench.pgbench.tps("floor", FLOOR_SCRIPT, 1, n), reset=False
+    )
+    bench.reset("alkstore")
+    bare = in_child(bare_enqueue, alk_url, n)
+    bench.reset("alkstore")
+    sql(alk_url, f"DROP TABLE {FLOOR_TABLE}")
+    best_peer = max((figures[p] or 0.0 for p in PEERS), default=0.0)
+    parts = [f"alkstore's statement through bare psycopg {bare:,.0f}/s"]
+    if floor is not None:
+        parts.insert(0, f"a durable one-int insert (pgbench) {floor:,.0f}/s")
+    if best_peer:
+        parts.append(f"1.5x the best peer is {1.5 * best_peer:,.0f}/s")
+    bench.notes.append("enqueue one by one, at one client on this server: " + "; ".join(parts))
+
+
 def run(bench: Bench, table: Table) -> None:
     s = bench.sizes
     alk_url = bench.urls["alkstore"]
@@ -831,6 +875,7 @@ def run(bench: Bench, table: Table) -> None:
         }
         if batch == 1:
             rate_row(table, "enqueue one by one", figures, vs_peer=1.5, vs_pgbench=0.5)
+            enqueue_floor(bench, n, figures)
         elif batch == 1_000:
             rate_row(table, f"enqueue_many ({batch:,})", figures, vs_peer=1.5)
         else:
