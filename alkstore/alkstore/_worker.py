@@ -687,6 +687,9 @@ class Worker:
             call = parse_task_payload(handle.payload)
         except ValueError as exc:  # no retry can fix the payload itself
             action, error = "fail", str(exc)
+            named = handle.payload.get("task") if isinstance(handle.payload, dict) else None
+            if isinstance(named, str):  # the arguments were malformed, not the name
+                task_name = named
         else:
             task_name = call.name
             task = self._tasks.get(call.name)

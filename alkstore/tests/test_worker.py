@@ -170,6 +170,23 @@ def test_one_log_record_per_outcome(app: App, caplog: pytest.LogCaptureFixture) 
     assert failed.exc_info is not None
 
 
+def test_a_malformed_call_is_logged_under_the_task_it_names(
+    app: App, caplog: pytest.LogCaptureFixture
+) -> None:
+    @app.task(queue="q", name="ok")
+    def ok() -> None:
+        pass
+
+    named = app.queue("q").enqueue({"task": "ok", "args": {"not": "a list"}})
+    nameless = app.queue("q").enqueue(["not", "a", "task"])
+    with caplog.at_level(logging.INFO, logger="alkstore.worker"):
+        app.worker(handle_signals=False).run(burst=True)
+    outcomes = {r.job_id: r for r in caplog.records if hasattr(r, "outcome")}  # type: ignore[attr-defined]
+    assert (outcomes[named].outcome, outcomes[named].task) == ("dead", "ok")  # type: ignore[attr-defined]
+    assert f"job {named} of 'q' (ok) dead" in outcomes[named].getMessage()
+    assert outcomes[nameless].task == "?"  # type: ignore[attr-defined]
+
+
 def test_a_closed_store_ends_the_run(app: App) -> None:
     app.task(queue="q")(print)
     worker = app.worker(poll_interval_s=0.05, handle_signals=False)
