@@ -132,10 +132,16 @@ _CLAIM_SET = """
     SET state = 'processing',
         attempts = attempts + 1,
         worker_id = :worker,
-        claim_deadline = :now + max(1, CAST(round(visibility_timeout_s * 1e6) AS INTEGER))
+        claim_deadline = :now + max(1, CAST(round(visibility_timeout_s * 1e6) AS INTEGER)
+            - (visibility_timeout_s * 1e6 - CAST(visibility_timeout_s * 1e6 AS INTEGER) = 0.5
+               AND CAST(visibility_timeout_s * 1e6 AS INTEGER) % 2 = 0))
 """
 # The deadline uses the row's own visibility timeout, at least one
-# microsecond so that a claim never starts out lapsed. Each statement
+# microsecond so that a claim never starts out lapsed. Its microseconds are
+# rounded half to even, as seconds_to_us (Python's round) rounds a
+# heartbeat's and PostgreSQL's make_interval (rint) the other engine's
+# claims: SQLite's round() takes halves away from zero, so an exact half
+# (a timeout of 2.5e-6 s) loses the excess it added. The timeout is > 0. Each statement
 # re-selects under the write lock, so rows that others took since the look
 # are skipped: a single statement is atomic, and no row is handed out twice.
 # For the same reason each tests the pause again: a pause that committed

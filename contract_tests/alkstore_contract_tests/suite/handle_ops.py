@@ -178,6 +178,23 @@ class HeartbeatTests(ContractFixtures):
         assert handle.heartbeat() is True
         assert job(store.queue("jobs"), job_id).claim_deadline == at(50)
 
+    @pytest.mark.parametrize(
+        ("seconds", "micros"),
+        [(2.5e-6, 2), (3.5e-6, 4), (1.7e-6, 2), (30.0000005, 30_000_000)],
+    )
+    def test_a_claim_and_a_heartbeat_round_a_timeout_alike(
+        self, store: Store, clock: ManualClock, seconds: float, micros: int
+    ) -> None:
+        """Sub-microsecond timeouts round to the nearest microsecond, halves
+        to even (IEEE rint of seconds * 1e6): the claim's
+        deadline from the row's stamp and a heartbeat's from its argument
+        lapse at the same instant, on every engine."""
+        q = store.queue("jobs", QueueOpts(visibility_timeout_s=seconds))
+        handle = claim_exactly(q, q.enqueue("x"))
+        assert handle.claim_deadline == T0 + timedelta(microseconds=micros)
+        assert handle.heartbeat(seconds) is True
+        assert job(q, handle.id).claim_deadline == T0 + timedelta(microseconds=micros)
+
     def test_heartbeat_is_absolute_not_additive(self, queue: Queue, clock: ManualClock) -> None:
         job_id = queue.enqueue("x")
         handle = claim_exactly(queue, job_id)
