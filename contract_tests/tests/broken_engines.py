@@ -154,7 +154,9 @@ class RacyClaimQueue(SqliteQueue):
         params = _claim_params(self, worker_id, n)
         pool = self._store._pool
         ids = [row[0] for row in pool.run(_fetchall, _PEEK, params)]
-        time.sleep(0.002)  # the scheduling point every read-then-write race has
+        # The scheduling point every read-then-write race has, wide enough
+        # that claimers released together still meet in it on a busy machine.
+        time.sleep(0.01)
         rows = [row for i in ids for row in pool.run(_fetchall, _TAKE, {**params, "id": i})]
         return [SqliteJobHandle(self, job_from_row(row)) for row in rows]
 
@@ -249,7 +251,9 @@ class UnguardedFireStore(SqliteStore):
         resolved: Resolved,
         payload: EncodedPayload,
     ) -> int | None:
-        time.sleep(0.002)  # the scheduling point every read-then-write race has
+        # The scheduling point every read-then-write race has, wide enough
+        # that claimers released together still meet in it on a busy machine.
+        time.sleep(0.01)
         current = {s.name: s for s in self._list_schedules(None)}.get(schedule.name)
         if current is None:
             return None

@@ -142,12 +142,10 @@ def test_stale_handle_accepted_fails_the_model_comparison(
 def test_non_atomic_claim_fails(run_suite: RunSuite) -> None:
     result = run_suite("broken_engines", "RacyClaimHarness", "-k", RACE)
     failed = failed_tests(result)
-    # The thread races start at one barrier and lose every time; the process
-    # races usually do too, but a loaded machine can serialise their rounds.
-    assert failed >= {
-        "test_case_001_claim_one_race_threads",
-        "test_case_001_claim_batch_race_threads",
-    }
+    # Each race loses in most rounds, but a machine loaded by other work can
+    # start one race's claimers further apart than the broken claim's window
+    # in every round; the suite must catch the fault, through any race.
+    assert failed, result.stdout.str()[-3000:]
     assert failed <= {
         "test_case_001_claim_one_race_threads",
         "test_case_001_claim_batch_race_threads",
