@@ -3,11 +3,16 @@ handle validity").
 
 A claim is identified by the job id and its post-claim attempt count. Every
 operation is one statement whose ``WHERE`` clause is the whole validity
-predicate (processing, this claim's attempt count, not lapsed at ``now``;
-a ``scheduled`` row, like a ``pending`` one, holds no claim),
-so a stale handle can never touch a newer claim, and a concurrent reclaim
-or sweep either runs before (the predicate fails) or after (the row is
-gone or changed) under the row lock.
+predicate (a row holding a claim, this claim's attempt count, not lapsed at
+``now``), so a stale handle can never touch a newer claim, and a concurrent
+reclaim or sweep either runs before (the predicate fails) or after (the row
+is gone or changed) under the row lock.
+
+A row holds a claim in private state ``processing``, or ``lapsed`` or
+``expired`` (set aside by a claim that found it lapsed or expired), which is
+still valid if an injected clock moved back before its deadline: the
+deadline decides, as in the SQLite engine. A ``scheduled`` row, like a
+``pending`` one, holds no claim.
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ __all__ = ["PostgresJobHandle"]
 
 _MICROSECOND = timedelta(microseconds=1)
 
-_VALID = "id = %(id)s AND state = 'processing' AND attempts = %(attempts)s "
-_VALID += "AND claim_deadline > %(now)s"
+_VALID = "id = %(id)s AND state NOT IN ('pending', 'scheduled') "
+_VALID += "AND attempts = %(attempts)s AND claim_deadline > %(now)s"
 
 ACK = sql.SQL("DELETE FROM {jobs} WHERE " + _VALID)
 

@@ -21,11 +21,13 @@ from alkstore.engine import job_from_values
 __all__ = ["DEAD_COLUMNS", "LIVE_COLUMNS", "MOVED_COLUMNS", "job_from_row"]
 
 #: The public state of each engine-private state of a live row
-#: (:mod:`alkstore_postgres._schema`); dead rows say ``'dead'``.
+#: (:mod:`alkstore_postgres._schema`); dead rows say ``'dead'``. An
+#: ``'expired'`` row's depends on whether it holds a claim (job_from_row).
 _PUBLIC_STATE = {
     "pending": "pending",
     "scheduled": "pending",
     "processing": "processing",
+    "lapsed": "processing",
     "dead": "dead",
 }
 
@@ -77,11 +79,15 @@ def job_from_row(row: Sequence[Any]) -> Job:
         last_error,
         died_at,
     ) = row
+    public = _PUBLIC_STATE.get(state)
+    if public is None:
+        # 'expired': waiting for sweep_expired, with or without a claim.
+        public = "pending" if claim_deadline is None else "processing"
     return job_from_values(
         (
             job_id,
             queue,
-            _PUBLIC_STATE[state],
+            public,
             bytes(payload),
             content_type,
             priority,
