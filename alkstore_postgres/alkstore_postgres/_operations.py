@@ -126,12 +126,15 @@ _SCANS = (
     ("q_pending", "{jobs}", "state = 'pending'"),
     ("q_scheduled", "{jobs}", "state = 'scheduled'"),
     ("q_processing", "{jobs}", "state = 'processing'"),
+    ("q_lapsed", "{jobs}", "state = 'lapsed'"),
+    # Every 'expired' row has an expires_at: jobs_expiry holds them all.
+    ("q_expiring", "{jobs}", "expires_at IS NOT NULL"),
     ("q_dead", "{dead}", "true"),
 )
 
 #: The queue listing: a loose index scan of each live state's partial index
-#: (the three states are every live row) and of ``dead_queue``, and the
-#: paused queues.
+#: and of ``jobs_expiry`` (together every live row) and of ``dead_queue``,
+#: and the paused queues.
 QUEUE_NAMES = sql.SQL(
     "WITH RECURSIVE"
     + ",".join(_loose_scan(*scan) for scan in _SCANS)

@@ -91,25 +91,36 @@ INSERT_MANY = Statement(
 )
 
 # One statement, in steps that each touch only rows they act on (none at
-# all while the queue is paused: ``paused`` gates steps 1 to 3):
-# (1) this queue's lapsed claims on their last allowed attempt move to the
-#     dead table (the lapsed end of ``jobs_exhausted``);
-# (2) ``came_due`` locks this queue's scheduled rows that came due since the
-#     last claim (the due end of ``jobs_scheduled``);
-# (3) ``due`` walks ``jobs_pending`` and ``lapsed`` walks ``jobs_reclaim``
-#     in claim order, each locking up to n eligible rows and skipping rows
+# all while the queue is paused: ``paused`` gates every step). Rows that are
+# not claimable now live in private states of their own ('scheduled',
+# 'processing', 'expired'; see _schema), so the two walks never pass over
+# them, however many there are; time moves rows between states without a
+# write, so the claim first takes the rows whose status changed since the
+# last claim, each from the "now" end of an index range:
+# (1) this queue's exhausted lapsed claims move to the dead table;
+# (2) ``came_due`` locks the scheduled rows that came due (``jobs_scheduled``),
+#     ``newly_lapsed`` the live claims that lapsed with attempts left (the
+#     lapsed end of ``jobs_processing``, which (1) shares), ``newly_expired``
+#     the pending and lapsed rows that expired, and ``not_expired`` the
+#     'expired' rows an injected clock moved back before their expiry (the
+#     ranges of ``jobs_expiry``);
+# (3) ``due`` walks ``jobs_pending`` and ``lapsed`` walks ``jobs_lapsed`` in
+#     claim order, each locking up to n eligible rows and skipping rows
 #     other claimers hold;
-# (4) the best n of the three are claimed, and the came-due rows not
-#     claimed move to pending, where later claims find them in order.
+# (4) the best n of the walks and of the rows of (2) that are claimable
+#     are claimed; ``moves`` gives the rows of (2) not claimed their new
+#     state (as the SQLite engine's moves do), where later claims find them.
 # Every CTE reads the statement's one snapshot, so a row a CTE modified is
 # invisible to the others as modified (a second UPDATE of it would be
-# silently skipped): the two UPDATEs therefore take disjoint rows, and a
-# came-due row is claimed straight from 'scheduled' rather than promoted
-# first. Its rows are few (those that came due since the last claim), so
-# merging them into the sort costs what moving them does: each row is moved
-# once. Rows locked but not picked are released at commit. Row locks plus
-# the re-check of the WHERE clause on the newest row version make the
-# hand-out exactly-once.
+# silently skipped): the steps' row sets are disjoint by their state (and
+# expiry) in that snapshot, and a row of (2) is claimed straight from its
+# old state rather than moved first. The rows of (2) are few (those whose
+# status changed since the last claim), so merging them into the sort costs
+# what moving them does: each row is moved once per change. A walk in the
+# snapshot still steps over the pending or lapsed rows that (2) moves out
+# of its index in the same statement: once. Rows locked but not picked are
+# released at commit. Row locks plus the re-check of the WHERE clause on the
+# newest row version make the hand-out exactly-once.
 #
 # _claim makes a small n a literal (``{limit}``, one rendering per n), not a
 # parameter: with a parameter, PostgreSQL's generic plan assumes the LIMIT
@@ -140,10 +151,27 @@ CLAIM = Statement(
         INSERT INTO {dead} ({moved}, last_error, died_at)
         SELECT {moved}, {exceeded}, %(now)s FROM moved
     ), came_due AS (
-        -- Expired ones too: they move to pending (never claimed) and wait
-        -- there for sweep_expired, out of this range.
+        -- Expired ones too: they move to 'expired' (never claimed).
         SELECT id, priority, run_at, expires_at FROM {jobs}
         WHERE queue = %(queue)s AND state = 'scheduled' AND run_at <= %(now)s
+          AND NOT EXISTS (SELECT FROM paused)
+        FOR UPDATE SKIP LOCKED
+    ), newly_lapsed AS (
+        -- Expired ones too: they move to 'expired' (never claimed).
+        SELECT id, priority, run_at, expires_at FROM {jobs}
+        WHERE queue = %(queue)s AND state = 'processing'
+          AND claim_deadline <= %(now)s AND attempts < max_attempts
+          AND NOT EXISTS (SELECT FROM paused)
+        FOR UPDATE SKIP LOCKED
+    ), newly_expired AS (
+        SELECT id FROM {jobs}
+        WHERE queue = %(queue)s AND state IN ('pending', 'lapsed')
+          AND expires_at <= %(now)s
+          AND NOT EXISTS (SELECT FROM paused)
+        FOR UPDATE SKIP LOCKED
+    ), not_expired AS (
+        SELECT id, priority, run_at, claim_deadline, attempts, max_attempts FROM {jobs}
+        WHERE queue = %(queue)s AND state = 'expired' AND expires_at > %(now)s
           AND NOT EXISTS (SELECT FROM paused)
         FOR UPDATE SKIP LOCKED
     ), due AS (
@@ -157,8 +185,10 @@ CLAIM = Statement(
         LIMIT {limit}
         FOR UPDATE SKIP LOCKED
     ), lapsed AS (
+        -- The deadline still: an injected clock that moved backwards (and
+        -- a heartbeat then) may leave live claims here.
         SELECT id, priority, run_at FROM {jobs}
-        WHERE queue = %(queue)s AND state = 'processing'
+        WHERE queue = %(queue)s AND state = 'lapsed'
           AND claim_deadline <= %(now)s AND attempts < max_attempts
           AND (expires_at IS NULL OR expires_at > %(now)s)
           AND NOT EXISTS (SELECT FROM paused)
@@ -172,16 +202,42 @@ CLAIM = Statement(
             SELECT id, priority, run_at FROM came_due
             WHERE expires_at IS NULL OR expires_at > %(now)s
             UNION ALL
+            SELECT id, priority, run_at FROM newly_lapsed
+            WHERE expires_at IS NULL OR expires_at > %(now)s
+            UNION ALL
+            -- Those that move back to 'pending' or 'lapsed' (below).
+            SELECT id, priority, run_at FROM not_expired
+            WHERE (claim_deadline IS NULL AND run_at <= %(now)s)
+               OR (claim_deadline <= %(now)s AND attempts < max_attempts)
+            UNION ALL
             SELECT * FROM lapsed
         ) AS candidates
         ORDER BY priority DESC, run_at, id
         LIMIT {limit}
-    ), promoted AS (
-        -- An array, so that the plan is primary-key probes whatever the
-        -- generic plan guesses about came_due's size.
-        UPDATE {jobs} SET state = 'pending'
+    ), moves AS (
+        -- The SQLite engine's moves, on the newest version of each row
+        -- (locked above). An array, so that the plan is primary-key probes
+        -- whatever the generic plan guesses about the CTEs' sizes.
+        UPDATE {jobs} SET state = CASE
+            WHEN state = 'expired' THEN CASE
+                WHEN claim_deadline IS NULL THEN
+                    CASE WHEN run_at > %(now)s THEN 'scheduled' ELSE 'pending' END
+                WHEN claim_deadline > %(now)s THEN 'processing'
+                ELSE 'lapsed' END
+            WHEN expires_at <= %(now)s THEN 'expired'
+            WHEN state = 'scheduled' THEN 'pending'
+            ELSE 'lapsed' END
         WHERE id = ANY(ARRAY(
-            SELECT id FROM came_due WHERE id NOT IN (SELECT id FROM picked)))
+            SELECT id FROM (
+                SELECT id FROM came_due
+                UNION ALL
+                SELECT id FROM newly_lapsed
+                UNION ALL
+                SELECT id FROM newly_expired
+                UNION ALL
+                SELECT id FROM not_expired
+            ) AS changed
+            WHERE id NOT IN (SELECT id FROM picked)))
     )
     UPDATE {jobs}
     SET state = 'processing',
@@ -200,10 +256,11 @@ CLAIM = Statement(
     limit=sql.SQL("%(n)s"),
 )
 
+# As the handle's validity test (_handle._VALID) without the attempt count.
 ACK_BATCH = sql.SQL("""
     DELETE FROM {jobs}
     WHERE id = ANY(%(ids)s::bigint[]) AND queue = %(queue)s
-      AND state = 'processing' AND claim_deadline > %(now)s
+      AND state NOT IN ('pending', 'scheduled') AND claim_deadline > %(now)s
 """)
 
 CANCEL = sql.SQL("DELETE FROM {jobs} WHERE id = %(id)s AND queue = %(queue)s")
@@ -226,8 +283,10 @@ GET_JOB = Statement(
 SWEEP_EXPIRED = Statement(
     sql.SQL("""
     WITH expired AS (
+        -- Every state, so that jobs_expiry answers with one range per state.
         SELECT id FROM {jobs}
         WHERE queue = %(queue)s AND expires_at <= %(now)s
+          AND state IN ('pending', 'scheduled', 'processing', 'lapsed', 'expired')
         FOR UPDATE SKIP LOCKED
     ), moved AS (
         DELETE FROM {jobs} WHERE id IN (SELECT id FROM expired)
@@ -249,21 +308,33 @@ SWEEP_EXPIRED = Statement(
     expired=sql.Literal(EXPIRED),
 )
 
-# Four counts from one snapshot, each an index range where possible. The
-# public counts go by the instants, whatever the private state says (rows
-# version 1 left pending with a future run_at; an injected clock that moved
-# backwards).
+# Four counts from one snapshot, each term one state's index range where
+# possible. The public counts go by the instants, whatever the private state
+# says (rows version 1 left pending with a future run_at; an injected clock
+# that moved backwards), as the SQLite engine's do: an 'expired' row counts
+# as processing if it holds a claim, else as pending (by its run_at); every
+# 'expired' row has an expires_at, which lets jobs_expiry serve it.
 STATS = sql.SQL("""
     SELECT
         (SELECT count(*) FROM {jobs}
          WHERE queue = %(queue)s AND state = 'pending' AND run_at <= %(now)s)
         + (SELECT count(*) FROM {jobs}
-           WHERE queue = %(queue)s AND state = 'scheduled' AND run_at <= %(now)s),
+           WHERE queue = %(queue)s AND state = 'scheduled' AND run_at <= %(now)s)
+        + (SELECT count(*) FROM {jobs}
+           WHERE queue = %(queue)s AND state = 'expired' AND expires_at IS NOT NULL
+             AND claim_deadline IS NULL AND run_at <= %(now)s),
         (SELECT count(*) FROM {jobs}
          WHERE queue = %(queue)s AND state = 'pending' AND run_at > %(now)s)
         + (SELECT count(*) FROM {jobs}
-           WHERE queue = %(queue)s AND state = 'scheduled' AND run_at > %(now)s),
-        (SELECT count(*) FROM {jobs} WHERE queue = %(queue)s AND state = 'processing'),
+           WHERE queue = %(queue)s AND state = 'scheduled' AND run_at > %(now)s)
+        + (SELECT count(*) FROM {jobs}
+           WHERE queue = %(queue)s AND state = 'expired' AND expires_at IS NOT NULL
+             AND claim_deadline IS NULL AND run_at > %(now)s),
+        (SELECT count(*) FROM {jobs} WHERE queue = %(queue)s AND state = 'processing')
+        + (SELECT count(*) FROM {jobs} WHERE queue = %(queue)s AND state = 'lapsed')
+        + (SELECT count(*) FROM {jobs}
+           WHERE queue = %(queue)s AND state = 'expired' AND expires_at IS NOT NULL
+             AND claim_deadline IS NOT NULL),
         (SELECT count(*) FROM {dead} WHERE queue = %(queue)s)
 """)
 

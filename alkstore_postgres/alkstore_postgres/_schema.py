@@ -23,7 +23,7 @@ option ``schema=``), so none can collide with the application's tables:
 
 A live row's ``state`` is engine-private and finer than the public one
 (SPEC's ``pending``/``processing``), so that a claim never walks rows it
-cannot hand out:
+cannot hand out (the same five states as the SQLite engine's, D16 and D25):
 
 ==============  ==========  ================================================
 state           public      meaning
@@ -33,31 +33,46 @@ state           public      meaning
 ``scheduled``   pending     ``run_at`` was in the future when it was set
                             (enqueue, retry); ``jobs_scheduled`` holds them
                             in the order they come due
-``processing``  processing  claimed
+``processing``  processing  a claim that had not lapsed when it was set;
+                            ``jobs_processing`` holds them in the order
+                            they lapse
+``lapsed``      processing  a claim found lapsed with attempts left:
+                            reclaimable, walked in claim order in
+                            ``jobs_lapsed`` like ``pending``
+``expired``     (see note)  found expired while ``pending`` or ``lapsed``
+                            (or when it came due or lapsed): waits for
+                            ``sweep_expired``, never claimed
 ==============  ==========  ================================================
 
-The claim (:mod:`alkstore_postgres._queue`) moves this queue's
-``scheduled`` rows that came due to ``pending`` (or claims them at once), so
-each row is moved once. Every statement still checks the instants
-themselves (``run_at <= now``): the state says where to look, never what is
-true, so an injected clock that moves backwards costs at most some skipped
-rows, never a wrong answer. Rows that version 1 wrote as ``pending`` with a
-future ``run_at`` were only walked over; version 3's migration moves them
-to ``scheduled``.
+An ``expired`` row is publicly ``processing`` if it holds a claim
+(``claim_deadline`` set) and ``pending`` otherwise. The claim
+(:mod:`alkstore_postgres._queue`) moves the rows whose time-dependent
+status changed since the last claim (``scheduled`` that came due,
+``processing`` that lapsed, ``pending``/``lapsed`` that expired, and back
+when an injected clock moved backwards), each from the due end of an index
+range, so each row is moved once per change. Every statement still checks
+the instants themselves (``run_at <= now``, ``claim_deadline <= now``,
+expiry): the state says where to look, never what is true, so an injected
+clock that moves backwards costs at most some skipped rows, never a wrong
+answer. Rows that version 1 wrote as ``pending`` with a future ``run_at``
+were only walked over; version 3's migration moves them to ``scheduled``.
+Version 4 rewrote no row: claims that lapsed and rows that expired under
+version 3 are moved by the first claim.
 
 Indexes keep the hot paths independent of the backlog: a claim walks
-``jobs_pending`` in claim order and stops after ``n`` rows, takes the due
-end of ``jobs_scheduled`` (only rows that came due since the last claim),
-walks ``jobs_reclaim`` (every claim, in claim order, with its deadline in
-the key, so live claims are skipped inside the index) and stops after ``n``
-lapsed ones, and finds exhausted lapsed claims as a range of
-``jobs_exhausted``; dead rows are in another table. ``sweep_expired`` reads
-``jobs_expiry`` and the retention purge ``dead_died``; the dead-letter
-pages are ranges of ``dead_queue`` (``queue, id``). The queue listing is a
-"loose index scan" (a recursive CTE that jumps from one queue name to the
-next) over ``jobs_pending``, ``jobs_scheduled``, ``jobs_reclaim`` (each
-partial index holds one state, and the three states are every live row)
-and ``dead_queue``: one descent per queue name, however many jobs wait.
+``jobs_pending`` and ``jobs_lapsed`` in claim order and stops after ``n``
+rows of each, and takes the due end of ``jobs_scheduled``, the lapsed end of
+``jobs_processing`` (claims that lapsed since the last claim: the exhausted
+ones are dead-lettered, the others become ``lapsed``) and the expired end of
+``jobs_expiry``'s ``pending`` and ``lapsed`` ranges; dead rows are in
+another table. ``sweep_expired`` reads ``jobs_expiry`` (one range per
+state) and the retention purge ``dead_died``; the dead-letter pages are
+ranges of ``dead_queue`` (``queue, id``). The queue listing is a "loose
+index scan" (a recursive CTE that jumps from one queue name to the next)
+over ``jobs_pending``, ``jobs_scheduled``, ``jobs_processing``,
+``jobs_lapsed`` (each partial index holds one state), ``jobs_expiry`` (every
+``expired`` row has an ``expires_at``) and ``dead_queue``: one descent per
+queue name and index, however many jobs wait.
 
 Migrations run in one transaction under an advisory lock keyed by the
 schema name, so when many processes open a store at once one of them
@@ -91,7 +106,7 @@ __all__ = [
 #: The schema used when the ``schema=`` option is not given.
 DEFAULT_SCHEMA = "alkstore"
 #: The newest schema version this code knows.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _VERSION_KEY = "schema_version"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]*")
@@ -259,6 +274,47 @@ _MIGRATIONS: tuple[tuple[sql.SQL, ...], ...] = (
         # walk's indexes: a claim at a million waiting cost 1.2-1.3x the one
         # at ten thousand without this, 0.95-1.05x with it (bench/README.md).
         sql.SQL("ALTER TABLE {jobs} SET (vacuum_index_cleanup = on)"),
+    ),
+    # Version 4: the private states 'lapsed' and 'expired' (module
+    # docstring), so that neither live claims nor expired rows are in the
+    # claim's path (docs/decisions.md D25). No row is rewritten: the first
+    # claim of each queue moves its lapsed claims and expired rows, as it
+    # moves any that appear later.
+    (
+        # Widening only, so no row can fail it; the re-check scans the
+        # table once, under the migration's lock.
+        sql.SQL("""
+        ALTER TABLE {jobs}
+            DROP CONSTRAINT jobs_state_check,
+            ADD CONSTRAINT jobs_state_check
+                CHECK (state IN ('pending', 'scheduled', 'processing', 'lapsed', 'expired'))
+        """),
+        # Reclaimable claims, walked in claim order like jobs_pending.
+        sql.SQL("""
+        CREATE INDEX jobs_lapsed ON {jobs} (queue, priority DESC, run_at, id)
+            WHERE state = 'lapsed'
+        """),
+        # Live claims in the order they lapse: the claim takes the lapsed
+        # end of it (the claims that lapsed since the last claim, exhausted
+        # or not), and the processing count is a range of it.
+        sql.SQL("""
+        CREATE INDEX jobs_processing ON {jobs} (queue, claim_deadline)
+            WHERE state = 'processing'
+        """),
+        # The claim walk no longer steps over live claims, and the
+        # dead-letter step is a part of jobs_processing's lapsed end, which
+        # the claim empties at each run.
+        sql.SQL("DROP INDEX {schema}.jobs_reclaim"),
+        sql.SQL("DROP INDEX {schema}.jobs_exhausted"),
+        # Rows that can expire, per state: the claim finds the newly expired
+        # pending and lapsed rows (and 'expired' ones an injected clock
+        # moved back before their expiry), sweep_expired every expired row
+        # with one range per state, the queue listing every 'expired' row.
+        sql.SQL("DROP INDEX {schema}.jobs_expiry"),
+        sql.SQL("""
+        CREATE INDEX jobs_expiry ON {jobs} (queue, state, expires_at)
+            WHERE expires_at IS NOT NULL
+        """),
     ),
 )
 

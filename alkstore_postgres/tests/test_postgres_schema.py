@@ -74,14 +74,15 @@ def test_tables_live_in_their_own_schema(
     assert {
         "jobs_pending",
         "jobs_scheduled",
-        "jobs_reclaim",
-        "jobs_exhausted",
+        "jobs_processing",
+        "jobs_lapsed",
         "jobs_expiry",
         "dead_died",
         "dead_queue",
         "schedules_due",
     } <= indexes
-    assert "jobs_processing" not in indexes  # version 1's, replaced in version 2
+    # Version 2's, replaced in version 4.
+    assert not {"jobs_reclaim", "jobs_exhausted"} & indexes
     types = dict(
         admin.execute(
             "SELECT column_name, data_type FROM information_schema.columns "
@@ -199,8 +200,8 @@ def test_version_1_is_migrated(
             "SELECT indexname FROM pg_indexes WHERE schemaname = %s", [schema]
         ).fetchall()
     }
-    assert {"jobs_scheduled", "jobs_reclaim", "jobs_exhausted"} <= indexes
-    assert "jobs_processing" not in indexes
+    assert {"jobs_scheduled", "jobs_processing", "jobs_lapsed", "jobs_expiry"} <= indexes
+    assert not {"jobs_reclaim", "jobs_exhausted"} & indexes
     scheduled = q.enqueue("new", delay=120)  # the widened CHECK admits 'scheduled'
     assert q.stats() == (1, 2, 0, 0)
     # Version 3's migration moved the version 1 future row to 'scheduled'
@@ -350,10 +351,11 @@ def test_claims_stay_index_driven_and_flat(
 ) -> None:
     early, late = datetime(2020, 1, 1, tzinfo=T0.tzinfo), datetime(2040, 1, 1, tzinfo=T0.tzinfo)
     # A small queue and a big one in one table, each with due jobs, future
-    # jobs of a *higher* priority (scheduled), lapsed claims, and live
-    # claims of a higher priority (as many as workers hold); the big one
-    # also has future jobs as version 1 wrote them (pending, same priority),
-    # dead rows and a higher-priority queue beside it.
+    # jobs of a *higher* priority (scheduled), lapsed claims (as a claim
+    # left them), and live claims of a higher priority (as many as workers
+    # hold); the big one also has future jobs as version 1 wrote them
+    # (pending, same priority), dead rows and a higher-priority queue beside
+    # it.
     for queue, rows in (("small", 1_000), ("big", 100_000)):
         fill(admin, schema, _FILL, queue=queue, priority=0, run_at=early, rows=rows)
         fill_state(
@@ -362,7 +364,7 @@ def test_claims_stay_index_driven_and_flat(
         fill_state(
             admin,
             schema,
-            state="processing",
+            state="lapsed",
             deadline=early,
             queue=queue,
             priority=0,
@@ -398,7 +400,13 @@ def test_claims_stay_index_driven_and_flat(
         # Nothing big is sorted: no sort spills to disk.
         assert all(n.get("Sort Space Type", "Memory") == "Memory" for n in nodes(plan["Plan"]))
         scans = {n.get("Index Name") for n in nodes(plan["Plan"]) if "Index Name" in n}
-        assert {"jobs_pending", "jobs_scheduled", "jobs_reclaim", "jobs_exhausted"} <= scans
+        assert {
+            "jobs_pending",
+            "jobs_scheduled",
+            "jobs_processing",
+            "jobs_lapsed",
+            "jobs_expiry",
+        } <= scans
         assert plan["Plan"]["Actual Rows"] == 10
         buffers[queue] = sum(
             n.get("Shared Hit Blocks", 0) + n.get("Shared Read Blocks", 0)

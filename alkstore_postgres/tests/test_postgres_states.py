@@ -162,8 +162,11 @@ def test_an_expired_came_due_row_is_moved_out_of_the_scheduled_range(
     job_id = q.enqueue("e", delay=10, expires=20)
     clock.advance(30)
     assert q.claim_one("w") is None
-    assert private_state(admin, schema, job_id) == "pending"  # left for sweep_expired
+    assert private_state(admin, schema, job_id) == "expired"  # left for sweep_expired
     assert q.stats() == (1, 0, 0, 0)
+    job = q.get_job(job_id)
+    assert job is not None
+    assert job.state == "pending"
 
 
 def test_a_clock_moving_backwards_never_hands_out_a_future_row(
