@@ -122,6 +122,15 @@ INSERT_MANY = Statement(
 # released at commit. Row locks plus the re-check of the WHERE clause on the
 # newest row version make the hand-out exactly-once.
 #
+# The moves' ranges are written as ranges with both ends, "now" behind a
+# subquery: then PostgreSQL estimates each at half a percent of its index
+# (a range with an unknown end), in the generic plan and in a custom one
+# alike. With ``<= %(now)s`` a custom plan knows how few rows a range
+# holds, the generic plan guesses a third of the index, its cost comes out
+# above the custom plans', and every claim was planned afresh (1.1 ms
+# against 0.5 ms for a claim of one due job); a third could even make a
+# scan of the whole table look cheaper than the range.
+#
 # _claim makes a small n a literal (``{limit}``, one rendering per n), not a
 # parameter: with a parameter, PostgreSQL's generic plan assumes the LIMIT
 # keeps a tenth of the table, so it would never be chosen and every claim
@@ -141,7 +150,7 @@ CLAIM = Statement(
     ), exhausted AS (
         SELECT id FROM {jobs}
         WHERE queue = %(queue)s AND state = 'processing'
-          AND claim_deadline <= %(now)s AND attempts >= max_attempts
+          AND claim_deadline BETWEEN {past} AND {now} AND attempts >= max_attempts
           AND NOT EXISTS (SELECT FROM paused)
         FOR UPDATE SKIP LOCKED
     ), moved AS (
@@ -153,25 +162,26 @@ CLAIM = Statement(
     ), came_due AS (
         -- Expired ones too: they move to 'expired' (never claimed).
         SELECT id, priority, run_at, expires_at FROM {jobs}
-        WHERE queue = %(queue)s AND state = 'scheduled' AND run_at <= %(now)s
+        WHERE queue = %(queue)s AND state = 'scheduled' AND run_at BETWEEN {past} AND {now}
           AND NOT EXISTS (SELECT FROM paused)
         FOR UPDATE SKIP LOCKED
     ), newly_lapsed AS (
         -- Expired ones too: they move to 'expired' (never claimed).
         SELECT id, priority, run_at, expires_at FROM {jobs}
         WHERE queue = %(queue)s AND state = 'processing'
-          AND claim_deadline <= %(now)s AND attempts < max_attempts
+          AND claim_deadline BETWEEN {past} AND {now} AND attempts < max_attempts
           AND NOT EXISTS (SELECT FROM paused)
         FOR UPDATE SKIP LOCKED
     ), newly_expired AS (
         SELECT id FROM {jobs}
         WHERE queue = %(queue)s AND state IN ('pending', 'lapsed')
-          AND expires_at <= %(now)s
+          AND expires_at BETWEEN {past} AND {now}
           AND NOT EXISTS (SELECT FROM paused)
         FOR UPDATE SKIP LOCKED
     ), not_expired AS (
         SELECT id, priority, run_at, claim_deadline, attempts, max_attempts FROM {jobs}
-        WHERE queue = %(queue)s AND state = 'expired' AND expires_at > %(now)s
+        WHERE queue = %(queue)s AND state = 'expired'
+          AND expires_at > {now} AND expires_at <= 'infinity'
           AND NOT EXISTS (SELECT FROM paused)
         FOR UPDATE SKIP LOCKED
     ), due AS (
@@ -252,6 +262,9 @@ CLAIM = Statement(
     moved=MOVED_COLUMNS,
     live=LIVE_COLUMNS,
     exceeded=sql.Literal(MAX_ATTEMPTS_EXCEEDED),
+    # The bounds of the moves' ranges (see above).
+    now=sql.SQL("(SELECT %(now)s::timestamptz)"),
+    past=sql.SQL("'-infinity'"),
     # The parameter form, for inspection (EXPLAIN); _claim_query renders n.
     limit=sql.SQL("%(n)s"),
 )
