@@ -131,15 +131,16 @@ INSERT_MANY = Statement(
 # against 0.5 ms for a claim of one due job); a third could even make a
 # scan of the whole table look cheaper than the range.
 #
-# _claim makes a small n a literal (``{limit}``, one rendering per n), not a
-# parameter: with a parameter, PostgreSQL's generic plan assumes the LIMIT
-# keeps a tenth of the table, so it would never be chosen and every claim
-# would be planned afresh, which costs more server time than running it.
-# With the literal, the prepared statement settles on its generic plan (the
-# same index walks) after five executions. Each rendering is a prepared
-# statement with a cached plan (about 330 kB of server memory per pooled
-# connection), so only n up to _LITERAL_N_MAX get one; a larger batch runs
-# the parameter form, planned at each call, a cost shared by its n jobs.
+# _claim writes n into the text as a literal (``{limit}``), never as a
+# parameter: a generic plan with a parameter LIMIT assumes it keeps a tenth
+# of the table, which can make a whole-table scan look cheaper than the
+# walk. The pool's connections run with plan_cache_mode =
+# force_generic_plan (_connection), so each rendering for n up to
+# _LITERAL_N_MAX is a prepared statement planned once per connection (about
+# 330 kB of server memory each); 'auto' kept re-planning it at every call
+# (0.5 ms) whenever stale statistics after a large drain made the generic
+# plan look dearer than the custom ones. A larger batch is sent unprepared,
+# planned at each call, a cost shared by its n jobs.
 CLAIM = Statement(
     sql.SQL("""
     WITH paused AS (
@@ -265,7 +266,7 @@ CLAIM = Statement(
     # The bounds of the moves' ranges (see above).
     now=sql.SQL("(SELECT %(now)s::timestamptz)"),
     past=sql.SQL("'-infinity'"),
-    # The parameter form, for inspection (EXPLAIN); _claim_query renders n.
+    # A parameter here, for inspection (EXPLAIN); _claim_query renders n.
     limit=sql.SQL("%(n)s"),
 )
 
@@ -455,11 +456,13 @@ class PostgresQueue(Queue):
         now = store._now()
         # LIMIT takes a bigint; no table holds more rows than that anyway.
         n = min(n, _INT64_MAX)
-        # Every n above _LITERAL_N_MAX shares the parameter form.
-        query = _claim_query(store.schema, min(n, _LITERAL_N_MAX + 1))
         params = {"queue": self._name, "now": now, "n": n, "worker_id": worker_id}
+        if n <= _LITERAL_N_MAX:
+            query, prepare = _claim_query(store.schema, n), True
+        else:  # one-shot, with n in the text: planned once, knowing the LIMIT
+            query, prepare = _claim_query_once(store.schema, n), False
         with store._db.connection() as conn:
-            rows = conn.execute(query, params, prepare=True, binary=True).fetchall()
+            rows = conn.execute(query, params, prepare=prepare, binary=True).fetchall()
         jobs = sorted(map(job_from_row, rows), key=_claim_order)
         return [PostgresJobHandle(self, job) for job in jobs]
 
@@ -557,9 +560,12 @@ _LITERAL_N_MAX = 16
 
 @functools.lru_cache(maxsize=64)
 def _claim_query(schema: str, n: int) -> bytes:
+    return _claim_query_once(schema, n)
+
+
+def _claim_query_once(schema: str, n: int) -> bytes:
     fragments = dict(CLAIM.fragments)
-    if n <= _LITERAL_N_MAX:
-        fragments["limit"] = sql.Literal(n)
+    fragments["limit"] = sql.Literal(n)
     return render(Statement(CLAIM.template, **fragments), schema)
 
 
