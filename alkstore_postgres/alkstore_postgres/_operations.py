@@ -15,7 +15,7 @@ from psycopg import sql
 
 from alkstore import Job
 from alkstore_postgres._rows import DEAD_COLUMNS, job_from_row
-from alkstore_postgres._schema import Statement
+from alkstore_postgres._schema import Statement, render
 
 if TYPE_CHECKING:
     from alkstore_postgres._queue import PostgresQueue
@@ -25,6 +25,7 @@ __all__ = [
     "IS_PAUSED",
     "QUEUE_NAMES",
     "dead_jobs",
+    "dead_jobs_query",
     "is_paused",
     "purge_dead",
     "queue_names",
@@ -56,18 +57,17 @@ RESUME = sql.SQL("""
     SELECT count(*) FROM wake
 """)
 
-# A range of dead_queue (queue, id). Never prepared: a generic plan knows
-# no queue's share of the dead rows, and could walk the primary key
-# through another queue's many rows to find a few of this one's.
-DEAD_JOBS = Statement(
-    sql.SQL("""
+# A range of dead_queue (queue, id). Its values are literals, never
+# parameters: a generic plan (and the pool forces generic plans, D25) knows
+# no queue's share of the dead rows, and could walk the primary key through
+# another queue's many rows to find a few of this one's; with the values in
+# the text the plan is made for them, at each call.
+DEAD_JOBS = sql.SQL("""
     SELECT {dead_columns} FROM {dead}
-    WHERE queue = %(queue)s AND id >= %(lower)s
+    WHERE queue = {queue} AND id >= {lower}
     ORDER BY id
-    LIMIT %(limit)s
-"""),
-    dead_columns=DEAD_COLUMNS,
-)
+    LIMIT {limit}
+""")
 
 # One statement: the job leaves the dead table and enters the live one in
 # the same commit, so every snapshot sees it in exactly one of them. Its
@@ -172,10 +172,22 @@ def dead_jobs(queue: PostgresQueue, limit: int, after_id: int | None) -> list[Jo
         return []  # no bigint above it
     lower = _INT64_MIN if after_id is None else after_id + 1
     store = queue._pg_store
-    params = {"queue": queue.name, "lower": lower, "limit": limit}
+    query = dead_jobs_query(store.schema, queue.name, lower, limit)
     with store._db.connection() as conn:
-        rows = conn.execute(store.sql(DEAD_JOBS), params, prepare=False, binary=True).fetchall()
+        rows = conn.execute(query, prepare=False, binary=True).fetchall()
     return [job_from_row(row) for row in rows]
+
+
+def dead_jobs_query(schema: str, queue: str, lower: int, limit: int) -> bytes:
+    """:data:`DEAD_JOBS` with its values written in."""
+    statement = Statement(
+        DEAD_JOBS,
+        dead_columns=DEAD_COLUMNS,
+        queue=sql.Literal(queue),
+        lower=sql.Literal(lower),
+        limit=sql.Literal(limit),
+    )
+    return render(statement, schema)
 
 
 def requeue(queue: PostgresQueue, job_id: int, now: datetime, run_at: datetime) -> bool:
