@@ -23,9 +23,9 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -78,6 +78,35 @@ def _seconds(*, positive: bool = False) -> Any:
 
 _SECONDS = _seconds()
 _POSITIVE_SECONDS = _seconds(positive=True)
+
+
+#: The per-job expiry of ``enqueue`` and ``schedule``.
+_EXPIRES = click.option(
+    "--expires",
+    type=float,
+    callback=_POSITIVE_SECONDS,
+    metavar="SECONDS",
+    help="Expire unrun after this long.",
+)
+
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+
+
+def _seconds_option(
+    flag: str, default: float, help: str, *, positive: bool = False
+) -> Callable[[_Command], _Command]:
+    """A duration option with a default, in seconds, checked as above."""
+    return click.option(
+        flag,
+        type=float,
+        callback=_POSITIVE_SECONDS if positive else _SECONDS,
+        default=default,
+        show_default=True,
+        metavar="SECONDS",
+        help=help,
+    )
+
+
 # The ranges SPEC §2 gives the per-job options, and job ids (64-bit).
 _PRIORITY = click.IntRange(v.INT32_MIN, v.INT32_MAX)
 _MAX_ATTEMPTS = click.IntRange(1, v.INT32_MAX)
@@ -328,41 +357,26 @@ def cli(click_ctx: click.Context, url: str | None, debug: bool) -> None:
     help="Jobs run at once (threads).",
 )
 @click.option("--burst", is_flag=True, help="Exit once no job is ready (RQ's burst mode).")
-@click.option(
+@_seconds_option(
     "--poll-interval",
-    type=float,
-    callback=_POSITIVE_SECONDS,
-    default=DEFAULT_POLL_INTERVAL_S,
-    show_default=True,
-    metavar="SECONDS",
-    help="Re-poll this often when no wake arrives.",
+    DEFAULT_POLL_INTERVAL_S,
+    "Re-poll this often when no wake arrives.",
+    positive=True,
 )
-@click.option(
+@_seconds_option(
     "--grace-period",
-    type=float,
-    callback=_SECONDS,
-    default=DEFAULT_GRACE_PERIOD_S,
-    show_default=True,
-    metavar="SECONDS",
-    help="On SIGTERM/SIGINT, running jobs get this long to finish.",
+    DEFAULT_GRACE_PERIOD_S,
+    "On SIGTERM/SIGINT, running jobs get this long to finish.",
 )
-@click.option(
+@_seconds_option(
     "--sweep-interval",
-    type=float,
-    callback=_SECONDS,
-    default=DEFAULT_SWEEP_INTERVAL_S,
-    show_default=True,
-    metavar="SECONDS",
-    help="Sweep expired jobs and old dead letters this often; 0: never.",
+    DEFAULT_SWEEP_INTERVAL_S,
+    "Sweep expired jobs and old dead letters this often; 0: never.",
 )
-@click.option(
+@_seconds_option(
     "--tick-interval",
-    type=float,
-    callback=_SECONDS,
-    default=DEFAULT_TICK_INTERVAL_S,
-    show_default=True,
-    metavar="SECONDS",
-    help="Fire due schedules this often; 0: never (run `alkstore scheduler` instead).",
+    DEFAULT_TICK_INTERVAL_S,
+    "Fire due schedules this often; 0: never (run `alkstore scheduler` instead).",
 )
 @click.option(
     "--worker-id", metavar="ID", help="Recorded on claimed jobs [default: host:pid:random]"
@@ -415,13 +429,7 @@ def worker(
 @click.option("--delay", type=float, callback=_SECONDS, metavar="SECONDS", help="Due this later.")
 @click.option("--priority", type=_PRIORITY, help="Higher is claimed first [default: the queue's].")
 @click.option("--max-attempts", type=_MAX_ATTEMPTS, help="Claims the job may consume.")
-@click.option(
-    "--expires",
-    type=float,
-    callback=_POSITIVE_SECONDS,
-    metavar="SECONDS",
-    help="Expire unrun after this long.",
-)
+@_EXPIRES
 @click.option(
     "--app",
     "app_spec",
@@ -822,13 +830,7 @@ def schedules(ctx: _Context, *, as_json: bool, app_spec: str | None) -> None:
 )
 @click.option("--priority", type=_PRIORITY, help="Higher is claimed first.")
 @click.option("--max-attempts", type=_MAX_ATTEMPTS, help="Claims each job may consume.")
-@click.option(
-    "--expires",
-    type=float,
-    callback=_POSITIVE_SECONDS,
-    metavar="SECONDS",
-    help="Expire unrun after this long.",
-)
+@_EXPIRES
 @_APP_STORE
 @click.pass_obj
 def schedule(
@@ -882,15 +884,7 @@ def unschedule(ctx: _Context, *, name: str, app_spec: str | None) -> None:
 
 
 @cli.command()
-@click.option(
-    "--interval",
-    type=float,
-    callback=_POSITIVE_SECONDS,
-    default=DEFAULT_TICK_INTERVAL_S,
-    show_default=True,
-    metavar="SECONDS",
-    help="Tick this often.",
-)
+@_seconds_option("--interval", DEFAULT_TICK_INTERVAL_S, "Tick this often.", positive=True)
 @_LOG_LEVEL
 @_APP_STORE
 @click.pass_obj

@@ -14,15 +14,11 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from test_postgres_schema import claim_plan, nodes, version
+from test_postgres_schema import claim_plan, make_version, nodes, version
 
 from alkstore_contract_tests import T0, ManualClock
 from alkstore_postgres import SCHEMA_VERSION, PostgresStore
 from alkstore_postgres._schema import (
-    _CREATE_META,
-    _CREATE_SCHEMA,
-    _MIGRATIONS,
-    _WRITE_VERSION,
     render,
 )
 
@@ -241,25 +237,13 @@ def test_a_clock_moving_back_restores_expired_rows(
     assert q.stats() == (0, 0, 0, 0)
 
 
-def make_version_3(admin: psycopg.Connection[Any], schema: str) -> None:
-    """The schema exactly as the version 3 code created it."""
-    with admin.transaction():
-        admin.execute(render(_CREATE_SCHEMA, schema))
-        admin.execute(render(_CREATE_META, schema))
-        for statements in _MIGRATIONS[:3]:
-            for statement in statements:
-                query = render(statement, schema)
-                admin.execute(query, {"now": T0} if b"%(" in query else None)
-        admin.execute(render(_WRITE_VERSION, schema), ["schema_version", 3])
-
-
 def test_version_3_is_migrated_with_lapsed_and_expired_rows(
     open_pg: Callable[..., PostgresStore],
     admin: psycopg.Connection[Any],
     schema: str,
     clock: ManualClock,
 ) -> None:
-    make_version_3(admin, schema)
+    make_version(admin, schema, 3)
     # Rows as version 3 code left them at T0 + 6 s: expired pending rows,
     # a lapsed claim that also expired, a lapsed claim with attempts left,
     # an exhausted one, a live claim, a future row and a due one.

@@ -17,7 +17,15 @@ import psycopg
 import pytest
 from psycopg import sql
 from test_postgres_claims import in_threads
-from test_postgres_schema import _FILL, _FILL_DEAD, fill, fill_state, nodes, version
+from test_postgres_schema import (
+    _FILL,
+    _FILL_DEAD,
+    fill,
+    fill_state,
+    make_version,
+    nodes,
+    version,
+)
 
 from alkstore import Job, Queue, QueueOpts, Scheduler
 from alkstore_contract_tests import T0, ManualClock
@@ -25,10 +33,7 @@ from alkstore_postgres import SCHEMA_VERSION, PostgresStore
 from alkstore_postgres._maintenance import advisory_key
 from alkstore_postgres._operations import QUEUE_NAMES, dead_jobs_query
 from alkstore_postgres._schema import (
-    _CREATE_META,
-    _CREATE_SCHEMA,
     _MIGRATIONS,
-    _WRITE_VERSION,
     render,
 )
 
@@ -591,24 +596,13 @@ def test_turns_are_exclusive_across_processes(
 # -- the version 3 migration -------------------------------------------------
 
 
-def make_version_2(admin: psycopg.Connection[Any], schema: str) -> None:
-    """The schema exactly as the version 2 code created it."""
-    with admin.transaction():
-        admin.execute(render(_CREATE_SCHEMA, schema))
-        admin.execute(render(_CREATE_META, schema))
-        for statements in _MIGRATIONS[:2]:
-            for statement in statements:
-                admin.execute(render(statement, schema))
-        admin.execute(render(_WRITE_VERSION, schema), ["schema_version", 2])
-
-
 def test_version_2_is_migrated(
     open_pg: Callable[..., PostgresStore],
     admin: psycopg.Connection[Any],
     schema: str,
     clock: ManualClock,
 ) -> None:
-    make_version_2(admin, schema)
+    make_version(admin, schema, 2)
     # Rows as older code wrote them: future ones as 'pending' (version 1
     # code, still running against version 2), a scheduled one, a claim, a
     # due one and a dead one.
@@ -676,7 +670,7 @@ def test_version_2_is_migrated(
 def test_version_2_rows_are_judged_by_the_server_clock_without_one(
     open_pg: Callable[..., PostgresStore], admin: psycopg.Connection[Any], schema: str
 ) -> None:
-    make_version_2(admin, schema)
+    make_version(admin, schema, 2)
     row = admin.execute("SELECT now()").fetchone()
     assert row is not None
     now = row[0]

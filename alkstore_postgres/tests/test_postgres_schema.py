@@ -183,12 +183,7 @@ def test_version_1_is_migrated(
     schema: str,
     clock: ManualClock,
 ) -> None:
-    with admin.transaction():
-        admin.execute(render(_CREATE_SCHEMA, schema))
-        admin.execute(render(_CREATE_META, schema))
-        for statement in _MIGRATIONS[0]:
-            admin.execute(render(statement, schema))
-        admin.execute(render(_WRITE_VERSION, schema), ["schema_version", 1])
+    make_version(admin, schema, 1)
     # Version 1 wrote future rows as 'pending'.
     fill(admin, schema, _FILL, queue="jobs", priority=9, run_at=T0 + timedelta(seconds=60), rows=1)
     fill(admin, schema, _FILL, queue="jobs", priority=0, run_at=T0 - timedelta(seconds=1), rows=1)
@@ -305,6 +300,18 @@ def claim_plan(admin: psycopg.Connection[Any], schema: str, queue: str, now: dat
         admin.execute("ROLLBACK")
     assert row is not None
     return row[0][0]
+
+
+def make_version(admin: psycopg.Connection[Any], schema: str, version: int) -> None:
+    """The schema exactly as the code of ``version`` created it."""
+    with admin.transaction():
+        admin.execute(render(_CREATE_SCHEMA, schema))
+        admin.execute(render(_CREATE_META, schema))
+        for statements in _MIGRATIONS[:version]:
+            for statement in statements:
+                query = render(statement, schema)
+                admin.execute(query, {"now": T0} if b"%(" in query else None)
+        admin.execute(render(_WRITE_VERSION, schema), ["schema_version", version])
 
 
 def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
