@@ -46,23 +46,11 @@ JOBS = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    """A folder holding ``jobs.py``: the current directory of each command."""
-    (tmp_path / "jobs.py").write_text(JOBS)
-    return tmp_path
-
-
-@pytest.fixture
-def url(project: Path) -> str:
-    return f"sqlite:///{project / 'jobs.db'}"
-
-
 def command(
-    project: Path, *args: str, env: dict[str, str] | None = None
+    project: Path, *args: str, env: dict[str, str] | None = None, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     """``python -m alkstore ARGS`` in ``project``, with ``ALKSTORE_URL`` unset
-    unless ``env`` sets it."""
+    unless ``env`` sets it, and ``stdin`` as its input."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
     environ.update(env or {})
     return subprocess.run(
@@ -70,6 +58,7 @@ def command(
         check=False,
         cwd=project,
         env=environ,
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=WAIT_S,

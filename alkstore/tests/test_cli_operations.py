@@ -17,7 +17,7 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
-from test_cli import JOBS, WAIT_S, command, ok, one_line_error
+from test_cli import WAIT_S, command, ok, one_line_error
 
 import alkstore
 from alkstore_contract_tests._clock import ManualClock
@@ -28,34 +28,11 @@ LONG_AGO = datetime(2024, 1, 1, tzinfo=UTC)
 LONG_AGO_ISO = "2024-01-01T00:00:00+00:00"
 
 
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    """A folder holding test_cli's ``jobs.py`` (tasks ``send`` and ``slow``
-    on the queue ``mail``): the current directory of each command."""
-    (tmp_path / "jobs.py").write_text(JOBS)
-    return tmp_path
-
-
-@pytest.fixture
-def url(project: Path) -> str:
-    return f"sqlite:///{project / 'jobs.db'}"
-
-
 def run(
     project: Path, url: str, *args: str, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     """``python -m alkstore --url URL ARGS`` in ``project``, with ``stdin``."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
-    return subprocess.run(
-        [sys.executable, "-m", "alkstore", "--url", url, *args],
-        check=False,
-        cwd=project,
-        env=environ,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=WAIT_S,
-    )
+    return command(project, "--url", url, *args, stdin=stdin)
 
 
 def bury(
