@@ -5,6 +5,7 @@ turns, and the version 3 migration."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import threading
@@ -111,6 +112,29 @@ def test_a_paused_claim_returns_nothing_and_writes_nothing(
     assert [j.id for j in q.dead_jobs()] == [exhausted]
 
 
+@contextlib.contextmanager
+def waiting_child(postgres_url: str, schema: str, queue: str) -> Iterator[tuple[Any, list[Any]]]:
+    """A child process that meets the test at a barrier twice, then waits
+    up to a day for a wake on ``queue`` (postgres_children's
+    wake_after_barrier); yields the barrier and the list its result lands
+    in, complete once the block has ended."""
+    barrier = postgres_children.barrier(2)
+    results: list[Any] = []
+    child = threading.Thread(
+        target=lambda: results.extend(
+            postgres_children.run_children(
+                postgres_children.wake_after_barrier,
+                [(postgres_url, schema, queue, T0 + timedelta(days=1), barrier)],
+            )
+        )
+    )
+    child.start()
+    try:
+        yield barrier, results
+    finally:
+        child.join(postgres_children.CHILD_TIMEOUT_S)
+
+
 @pytest.mark.slow
 def test_resume_wakes_a_subscriber_in_another_process(
     postgres_url: str, store: PostgresStore, schema: str
@@ -118,24 +142,11 @@ def test_resume_wakes_a_subscriber_in_another_process(
     q = store.queue("p")
     assert q.pause()
     q.enqueue("after resume")
-    barrier = postgres_children.barrier(2)
-    results: list[Any] = []
-    child = threading.Thread(
-        target=lambda: results.extend(
-            postgres_children.run_children(
-                postgres_children.wake_after_barrier,
-                [(postgres_url, schema, "p", T0 + timedelta(days=1), barrier)],
-            )
-        )
-    )
-    child.start()
-    try:
+    with waiting_child(postgres_url, schema, "p") as (barrier, results):
         barrier.wait(postgres_children.CHILD_TIMEOUT_S)
         assert not q.pause()  # no change, no wake
         barrier.wait(postgres_children.CHILD_TIMEOUT_S)
         assert q.resume()
-    finally:
-        child.join(postgres_children.CHILD_TIMEOUT_S)
     assert results == [(False, "after resume")]
 
 
@@ -253,24 +264,11 @@ def test_requeue_wakes_a_subscriber_in_another_process(
     q = store.queue("r")
     job_id = q.enqueue("requeued")
     kill(q, job_id)
-    barrier = postgres_children.barrier(2)
-    results: list[Any] = []
-    child = threading.Thread(
-        target=lambda: results.extend(
-            postgres_children.run_children(
-                postgres_children.wake_after_barrier,
-                [(postgres_url, schema, "r", T0 + timedelta(days=1), barrier)],
-            )
-        )
-    )
-    child.start()
-    try:
+    with waiting_child(postgres_url, schema, "r") as (barrier, results):
         barrier.wait(postgres_children.CHILD_TIMEOUT_S)
         assert q.purge_dead(timedelta(days=1)) == 0  # not old enough: nothing, no wake
         barrier.wait(postgres_children.CHILD_TIMEOUT_S)
         assert q.requeue(job_id)
-    finally:
-        child.join(postgres_children.CHILD_TIMEOUT_S)
     assert results == [(False, "requeued")]
 
 
