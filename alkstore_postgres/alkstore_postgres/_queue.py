@@ -457,10 +457,9 @@ class PostgresQueue(Queue):
         # LIMIT takes a bigint; no table holds more rows than that anyway.
         n = min(n, _INT64_MAX)
         params = {"queue": self._name, "now": now, "n": n, "worker_id": worker_id}
-        if n <= _LITERAL_N_MAX:
-            query, prepare = _claim_query(store.schema, n), True
-        else:  # one-shot, with n in the text: planned once, knowing the LIMIT
-            query, prepare = _claim_query_once(store.schema, n), False
+        # A larger n is sent unprepared: planned at its call, knowing its LIMIT.
+        prepare = n <= _LITERAL_N_MAX
+        query = _claim_query(store.schema, n)
         with store._db.connection() as conn:
             rows = conn.execute(query, params, prepare=prepare, binary=True).fetchall()
         jobs = sorted(map(job_from_row, rows), key=_claim_order)
@@ -560,10 +559,6 @@ _LITERAL_N_MAX = 16
 
 @functools.lru_cache(maxsize=64)
 def _claim_query(schema: str, n: int) -> bytes:
-    return _claim_query_once(schema, n)
-
-
-def _claim_query_once(schema: str, n: int) -> bytes:
     fragments = dict(CLAIM.fragments)
     fragments["limit"] = sql.Literal(n)
     return render(Statement(CLAIM.template, **fragments), schema)
