@@ -150,7 +150,7 @@ class Queue(abc.ABC):
             As :meth:`enqueue`; a refused item means nothing is written.
         """
         self._store._check_open()  # before validating payloads (SPEC §3 "Closed store")
-        if isinstance(payloads, (str, bytes, dict)) or not isinstance(payloads, Iterable):
+        if not v.is_collection(payloads):
             raise ValidationError("payloads must be an iterable of payloads (a list)")
         resolved, encoded = self._prepare(
             payloads,

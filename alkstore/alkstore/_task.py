@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, ParamSpec, TypeVar
 
+from alkstore import _validation as v
 from alkstore._resolution import enqueue_options
 from alkstore.errors import ValidationError
 
@@ -335,7 +336,7 @@ class Task(Generic[P, R]):
             signature, or holds an argument that is not strict JSON; nothing
             is stored.
         """
-        if isinstance(calls, (str, bytes, dict)) or not isinstance(calls, Iterable):
+        if not v.is_collection(calls):
             raise ValidationError(
                 f"calls must be an iterable of argument lists, not {type(calls).__name__}"
             )

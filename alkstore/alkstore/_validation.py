@@ -23,6 +23,7 @@ __all__ = [
     "duration_s",
     "error_text",
     "int_in_range",
+    "is_collection",
     "job_id",
     "job_ids",
     "queue_name",
@@ -208,6 +209,13 @@ def job_id(value: object) -> int:
         raise ValidationError(f"job id must be an int, not {type(value).__name__}")
     assert isinstance(value, int)
     return value
+
+
+def is_collection(value: object) -> bool:
+    """Whether ``value`` can be a list of items (payloads, calls): iterable,
+    and not a ``str``, ``bytes`` or ``dict``, whose iteration yields
+    characters, ints or keys rather than items."""
+    return isinstance(value, Iterable) and not isinstance(value, (str, bytes, dict))
 
 
 def job_ids(values: Iterable[object]) -> list[int]:
