@@ -13,6 +13,7 @@ exception crosses the contract.
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import struct
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from typing import Any, TypeAlias
 
 import psycopg
 from psycopg.adapt import Dumper
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import Format
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolClosed
@@ -95,11 +97,20 @@ class _ByteaArrayDumper(Dumper):
 
 def _configure(conn: Conn) -> None:
     conn.adapters.register_dumper(ByteaArray, _ByteaArrayDumper)
-    # Every statement the engine prepares is written to be index-driven
-    # whatever its parameters (D25): a generic plan is always right, and
-    # PostgreSQL's own choice ('auto') re-plans the claim at every call
-    # whenever stale statistics make the generic plan look dearer.
-    conn.execute("SET plan_cache_mode = force_generic_plan")
+
+
+# Every statement the engine prepares is written to be index-driven whatever
+# its parameters (D25): a generic plan is always right, and PostgreSQL's own
+# choice ('auto') re-plans the claim at every call whenever stale statistics
+# make the generic plan look dearer. Set at connection start-up (no round
+# trip), after the options the URL or PGOPTIONS give, which it would
+# otherwise replace.
+_GENERIC_PLANS = "-c plan_cache_mode=force_generic_plan"
+
+
+def _pool_options(conninfo: str) -> str:
+    given = conninfo_to_dict(conninfo).get("options") or os.environ.get("PGOPTIONS", "")
+    return f"{given} {_GENERIC_PLANS}".strip()
 
 
 class Database:
@@ -127,7 +138,7 @@ class Database:
         self._max_size = max_size
         self._pool: ConnectionPool[Conn] = ConnectionPool(
             conninfo,
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, "options": _pool_options(conninfo)},
             configure=_configure,
             min_size=min_size,
             max_size=max_size,

@@ -96,6 +96,18 @@ def test_a_query_string_password_is_masked_in_repr(
     assert q.get_job(q.enqueue(1)) is not None
 
 
+def test_the_pool_forces_generic_plans_and_keeps_the_urls_options(
+    postgres_url: str, open_pg: Callable[..., PostgresStore]
+) -> None:
+    sep = "&" if urlsplit(postgres_url).query else "?"
+    store = open_pg(f"{postgres_url}{sep}options=-c%20work_mem%3D7MB")
+    with store._db.connection() as conn:
+        row = conn.execute(
+            "SELECT current_setting('plan_cache_mode'), current_setting('work_mem')"
+        ).fetchone()
+    assert row == ("force_generic_plan", "7MB")
+
+
 def test_options_are_applied(open_pg: Callable[..., PostgresStore]) -> None:
     store = open_pg(pool_min_size=0, pool_max_size=3, pool_timeout_s=5, repoll_interval_s=2.5)
     assert store.repoll_interval_s == 2.5
