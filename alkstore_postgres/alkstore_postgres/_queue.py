@@ -27,7 +27,7 @@ from alkstore_postgres import _operations
 from alkstore_postgres._connection import ByteaArray, wrap_errors
 from alkstore_postgres._handle import PostgresJobHandle
 from alkstore_postgres._rows import DEAD_COLUMNS, LIVE_COLUMNS, MOVED_COLUMNS, job_from_row
-from alkstore_postgres._schema import Statement, render
+from alkstore_postgres._schema import Statement, numbered, render
 from alkstore_postgres._wake import channel_name
 
 if TYPE_CHECKING:
@@ -97,10 +97,12 @@ INSERT_MANY = Statement(
 # them, however many there are; time moves rows between states without a
 # write, so the claim first takes the rows whose status changed since the
 # last claim, each from the "now" end of an index range:
-# (1) this queue's exhausted lapsed claims move to the dead table;
+# (1) ``past_deadline`` locks this queue's claims that lapsed (the lapsed
+#     end of ``jobs_processing``, one walk for both kinds, since each walk
+#     costs the claim about 0.03 ms); the exhausted ones move to the dead
+#     table;
 # (2) ``came_due`` locks the scheduled rows that came due (``jobs_scheduled``),
-#     ``newly_lapsed`` the live claims that lapsed with attempts left (the
-#     lapsed end of ``jobs_processing``, which (1) shares), ``newly_expired``
+#     ``newly_lapsed`` is the rest of (1), with attempts left, ``newly_expired``
 #     the pending and lapsed rows that expired, and ``not_expired`` the
 #     'expired' rows an injected clock moved back before their expiry (the
 #     ranges of ``jobs_expiry``);
@@ -148,14 +150,16 @@ CLAIM = Statement(
         -- primary-key probe, read once; every step below starts from a
         -- CTE gated by it, so no row is even read.
         SELECT 1 FROM {queues} WHERE name = %(queue)s AND paused
-    ), exhausted AS (
-        SELECT id FROM {jobs}
+    ), past_deadline AS (
+        -- Claims that lapsed: one walk for both kinds, exhausted or not.
+        SELECT id, priority, run_at, expires_at, attempts >= max_attempts AS exhausted
+        FROM {jobs}
         WHERE queue = %(queue)s AND state = 'processing'
-          AND claim_deadline BETWEEN {past} AND {now} AND attempts >= max_attempts
+          AND claim_deadline BETWEEN {past} AND {now}
           AND NOT EXISTS (SELECT FROM paused)
         FOR UPDATE SKIP LOCKED
     ), moved AS (
-        DELETE FROM {jobs} WHERE id IN (SELECT id FROM exhausted)
+        DELETE FROM {jobs} WHERE id IN (SELECT id FROM past_deadline WHERE exhausted)
         RETURNING {moved}
     ), buried AS (
         INSERT INTO {dead} ({moved}, last_error, died_at)
@@ -168,11 +172,7 @@ CLAIM = Statement(
         FOR UPDATE SKIP LOCKED
     ), newly_lapsed AS (
         -- Expired ones too: they move to 'expired' (never claimed).
-        SELECT id, priority, run_at, expires_at FROM {jobs}
-        WHERE queue = %(queue)s AND state = 'processing'
-          AND claim_deadline BETWEEN {past} AND {now} AND attempts < max_attempts
-          AND NOT EXISTS (SELECT FROM paused)
-        FOR UPDATE SKIP LOCKED
+        SELECT id, priority, run_at, expires_at FROM past_deadline WHERE NOT exhausted
     ), newly_expired AS (
         SELECT id FROM {jobs}
         WHERE queue = %(queue)s AND state IN ('pending', 'lapsed')
@@ -456,12 +456,12 @@ class PostgresQueue(Queue):
         now = store._now()
         # LIMIT takes a bigint; no table holds more rows than that anyway.
         n = min(n, _INT64_MAX)
-        params = {"queue": self._name, "now": now, "n": n, "worker_id": worker_id}
+        params = (self._name, now, worker_id)
         # A larger n is sent unprepared: planned at its call, knowing its LIMIT.
         prepare = n <= _LITERAL_N_MAX
         query = _claim_query(store.schema, n)
-        with store._db.connection() as conn:
-            rows = conn.execute(query, params, prepare=prepare, binary=True).fetchall()
+        with store._db.connection() as conn, psycopg.RawCursor(conn) as cur:
+            rows = cur.execute(query, params, prepare=prepare, binary=True).fetchall()
         jobs = sorted(map(job_from_row, rows), key=_claim_order)
         return [PostgresJobHandle(self, job) for job in jobs]
 
@@ -557,11 +557,15 @@ class PostgresQueue(Queue):
 _LITERAL_N_MAX = 16
 
 
+# The claim's parameters, in the order _claim passes them (see numbered).
+_CLAIM_PARAMETERS = ("queue", "now", "worker_id")
+
+
 @functools.lru_cache(maxsize=64)
 def _claim_query(schema: str, n: int) -> bytes:
     fragments = dict(CLAIM.fragments)
     fragments["limit"] = sql.Literal(n)
-    return render(Statement(CLAIM.template, **fragments), schema)
+    return numbered(render(Statement(CLAIM.template, **fragments), schema), _CLAIM_PARAMETERS)
 
 
 def _claim_order(job: Job) -> tuple[int, Any, int]:

@@ -20,15 +20,16 @@ pytestmark = pytest.mark.postgres
 
 @pytest.fixture
 def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every statement psycopg's ``Connection.execute`` sends, in order."""
+    """Every statement psycopg's cursors send (``Connection.execute`` and
+    ``RawCursor`` included), in order."""
     sent: list[str] = []
-    original = psycopg.Connection.execute
+    original = psycopg.Cursor.execute
 
-    def execute(self: psycopg.Connection[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
+    def execute(self: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
         sent.append(query.decode() if isinstance(query, bytes) else str(query))
         return original(self, query, *args, **kwargs)
 
-    monkeypatch.setattr(psycopg.Connection, "execute", execute)
+    monkeypatch.setattr(psycopg.Cursor, "execute", execute)
     return sent
 
 

@@ -5,7 +5,6 @@ plans that stay index-driven (SPEC §3 "Schema", "Claim")."""
 from __future__ import annotations
 
 import json
-import re
 import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
@@ -26,6 +25,7 @@ from alkstore_postgres._schema import (
     _CREATE_SCHEMA,
     _MIGRATIONS,
     _WRITE_VERSION,
+    numbered,
     render,
 )
 
@@ -252,6 +252,13 @@ def test_two_schemas_do_not_see_each_other(
     assert (handle_b.id, handle_b.payload) == (other, "only in b")
 
 
+def test_numbered_gives_postgresql_parameters() -> None:
+    query = b"SELECT %(b)s, %(a)s, %(b)s, '100%%'"
+    assert numbered(query, ("a", "b")) == b"SELECT $2, $1, $2, '100%'"
+    with pytest.raises(KeyError):
+        numbered(b"SELECT %(c)s", ("a", "b"))
+
+
 # -- plans ------------------------------------------------------------------
 
 _FILL = """
@@ -276,16 +283,7 @@ def fill(admin: psycopg.Connection[Any], schema: str, template: str, **params: A
 
 def claim_plan(admin: psycopg.Connection[Any], schema: str, queue: str, now: datetime) -> Any:
     """The generic (prepared) plan of the claim, executed and rolled back."""
-    text = render(CLAIM, schema).decode()
-    names: list[str] = []
-
-    def number(match: re.Match[str]) -> str:
-        if match[1] not in names:
-            names.append(match[1])
-        return f"${names.index(match[1]) + 1}"
-
-    text = re.sub(r"%\((\w+)\)s", number, text)
-    assert names == ["queue", "now", "n", "worker_id"]
+    text = numbered(render(CLAIM, schema), ("queue", "now", "n", "worker_id")).decode()
     admin.execute("BEGIN")
     try:
         admin.execute("SET LOCAL plan_cache_mode = force_generic_plan")
