@@ -16,6 +16,7 @@ import contextlib
 import os
 import select
 import struct
+import weakref
 from collections.abc import Iterator
 from typing import Any, TypeAlias
 
@@ -135,22 +136,31 @@ class Database:
     ) -> None:
         self.conninfo = conninfo
         self.timeout_s = timeout_s
+        self._min_size = min_size
         self._max_size = max_size
-        self._pool: ConnectionPool[Conn] = ConnectionPool(
-            conninfo,
-            kwargs={"autocommit": True, "options": _pool_options(conninfo)},
+        self._name = name
+        self._pool = self._new_pool()
+        self._opened = False
+        self._closed = False
+        _databases.add(self)
+
+    def _new_pool(self) -> ConnectionPool[Conn]:
+        return ConnectionPool(
+            self.conninfo,
+            kwargs={"autocommit": True, "options": _pool_options(self.conninfo)},
             configure=_configure,
-            min_size=min_size,
-            max_size=max_size,
-            timeout=timeout_s,
+            min_size=self._min_size,
+            max_size=self._max_size,
+            timeout=self.timeout_s,
             open=False,
-            name=name,
+            name=self._name,
         )
 
     def open(self) -> None:
         """Start the pool; its connections are made in the background."""
         with wrap_errors():
             self._pool.open(wait=False)
+        self._opened = True
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[Conn]:
@@ -208,4 +218,30 @@ class Database:
 
     def close(self) -> None:
         """Close the pool; connections in use close when given back."""
+        self._closed = True
         self._pool.close()
+
+    def _after_fork_in_child(self) -> None:
+        # The pool's connections share their sockets with the parent's
+        # sessions: using one would mix two processes' messages on one
+        # session, and closing one would end the parent's. Keep them, never
+        # touched, and start a pool of this process's own (D15).
+        _inherited.append(self._pool)
+        self._pool = self._new_pool()
+        if self._opened and not self._closed:
+            self._pool.open(wait=False)
+
+
+# Every Database of this process, to replace its pool in a forked child.
+_databases: weakref.WeakSet[Database] = weakref.WeakSet()
+# The pools a forked child inherited, referenced so that no finalizer of
+# theirs runs in the child.
+_inherited: list[ConnectionPool[Conn]] = []
+
+
+def _after_fork_in_child() -> None:
+    for database in list(_databases):
+        database._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

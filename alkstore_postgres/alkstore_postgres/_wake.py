@@ -18,9 +18,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
 import select
 import socket
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -108,6 +110,7 @@ class Listener:
         self._thread: threading.Thread | None = None
         self._poke_r: socket.socket | None = None
         self._poke_w: socket.socket | None = None
+        _listeners.add(self)
 
     # -- the callers' side ---------------------------------------------------
 
@@ -192,6 +195,20 @@ class Listener:
                 self._poke_w.close()
         for latch in latches:
             latch.set()
+
+    def _after_fork_in_child(self) -> None:
+        # The thread did not survive fork(), and its connection shares its
+        # socket with the parent's session: start from nothing (the next
+        # subscription starts a thread and a connection of this process's
+        # own). Subscriptions made before the fork no longer wake, as in the
+        # SQLite engine (D15).
+        self._cond = threading.Condition()
+        self._start_lock = threading.Lock()
+        self._latches = {}
+        self._wanted = self._synced = 0
+        self._calls = []
+        self._thread = None
+        self._poke_r = self._poke_w = None
 
     # -- the thread's side ---------------------------------------------------
 
@@ -331,6 +348,18 @@ class Listener:
             except AlkstoreError as error:
                 log.warning("cannot reopen the LISTEN connection: %s", error)
             pause = min(max(pause * 2, _RECONNECT_FIRST_S), _RECONNECT_MAX_S)
+
+
+# Every Listener of this process, to reset in a forked child.
+_listeners: weakref.WeakSet[Listener] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for listener in list(_listeners):
+        listener._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Result(Generic[T]):

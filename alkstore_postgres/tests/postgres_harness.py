@@ -26,6 +26,8 @@ _FAULT_FUNCTION = "alkstore_test_dead_insert_fails"
 class PostgresHarness(EngineHarness):
     """A fresh schema per test (``schema=`` engine option)."""
 
+    stores_survive_fork = True
+
     @pytest.fixture
     def alkstore_target(self, postgres_url: str) -> Iterator[StoreTarget]:
         """The test server's URL and a schema no other test uses."""

@@ -121,6 +121,10 @@ class FileWatch:
         self.poll_interval_s = poll_interval_s
         self.busy_timeout_s = busy_timeout_s
         self.lock = threading.Lock()
+        # Held while the watcher thread is inside SQLite, and by fork() (see
+        # _before_fork): a child must not inherit a SQLite mutex held by a
+        # thread it does not have, or its first connect hangs (D15).
+        self.sqlite_lock = threading.Lock()
         self.latches: dict[str, set[WakeLatch]] = {}
         # The highest job id delivered per subscribed queue.
         self.seen: dict[str, int] = {}
@@ -251,14 +255,15 @@ class FileWatch:
         try:
             while not self._stopping:
                 try:
-                    if conn is None:
-                        conn = connect(self.path, self.busy_timeout_s)
-                        last_version = None
-                    version = conn.execute("PRAGMA data_version").fetchone()[0]
-                    changed = version != last_version
-                    if changed or self._rescan:
-                        last_version = version
-                        self._scan(conn)
+                    with self.sqlite_lock:
+                        if conn is None:
+                            conn = connect(self.path, self.busy_timeout_s)
+                            last_version = None
+                        version = conn.execute("PRAGMA data_version").fetchone()[0]
+                        changed = version != last_version
+                        if changed or self._rescan:
+                            last_version = version
+                            self._scan(conn)
                 except sqlite3.Error:
                     log.warning(
                         "alkstore-sqlite watcher on %s failed; reconnecting",
@@ -266,7 +271,8 @@ class FileWatch:
                         exc_info=True,
                     )
                     if conn is not None:
-                        conn.close()
+                        with self.sqlite_lock:
+                            conn.close()
                         conn = None
                     self.wake_all()
                     time.sleep(_RECONNECT_PAUSE_S)
@@ -274,7 +280,8 @@ class FileWatch:
                 active_until = self._pause(active_until, changed)
         finally:
             if conn is not None:
-                conn.close()
+                with self.sqlite_lock:
+                    conn.close()
 
     def _scan(self, conn: sqlite3.Connection) -> None:
         with self.lock:
@@ -373,9 +380,13 @@ def notify_wake(path: str, queue: str, wake_id: int) -> None:
 
 def _before_fork() -> None:
     _registry.lock.acquire()
+    for watch in _registry.watches.values():
+        watch.sqlite_lock.acquire()
 
 
 def _after_fork_in_parent() -> None:
+    for watch in _registry.watches.values():
+        watch.sqlite_lock.release()
     _registry.lock.release()
 
 

@@ -26,6 +26,8 @@ _FAULT_TRIGGER = "_alkstore_test_dead_insert_fails"
 class SqliteHarness(EngineHarness):
     """A fresh database file per test under pytest's ``tmp_path``."""
 
+    stores_survive_fork = True
+
     @pytest.fixture
     def alkstore_target(self, tmp_path: Path) -> Iterator[StoreTarget]:
         """A URL to a database file that does not exist yet."""

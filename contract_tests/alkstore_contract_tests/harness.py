@@ -68,6 +68,11 @@ class EngineHarness:
     #: whose database lives in this process's memory.
     spawned_processes_can_open: ClassVar[bool] = True
 
+    #: Whether a store opened before ``os.fork()`` keeps working in both the
+    #: parent and the child (the child opens connections of its own). ``False``
+    #: skips the fork test: D15 tells users to open stores after forking.
+    stores_survive_fork: ClassVar[bool] = False
+
     #: Modules a spawned child imports before it opens the target, for an
     #: engine that a module registers with :func:`alkstore.register` rather
     #: than with an entry point.

@@ -12,6 +12,7 @@ from __future__ import annotations
 from alkstore_contract_tests.suite.cases import HandedCaseTests
 from alkstore_contract_tests.suite.claim import ClaimTests, HandleValidityTests
 from alkstore_contract_tests.suite.concurrency import (
+    ForkTests,
     ProcessConcurrencyTests,
     ThreadConcurrencyTests,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "OutboxTests",
     "PauseTests",
     "PayloadTests",
+    "ForkTests",
     "ProcessConcurrencyTests",
     "QueueNamesTests",
     "RetryTests",
@@ -123,6 +125,7 @@ class ContractSuite(
     HandedCaseTests,
     ThreadConcurrencyTests,
     ProcessConcurrencyTests,
+    ForkTests,
     SchedulerConcurrencyTests,
     StatefulTests,
     WorkerTests,
@@ -142,7 +145,7 @@ class ContractSuite(
     where ``MyHarness`` subclasses :class:`~alkstore_contract_tests.EngineHarness`
     and overrides its ``alkstore_target`` fixture. Optional harness
     capabilities (``app_connection``, ``dead_letter_inserts_fail``,
-    ``spawned_processes_can_open``) enable the tests that need them; the
+    ``spawned_processes_can_open``, ``stores_survive_fork``) enable the tests that need them; the
     rest skip with a reason.
 
     Tests marked ``slow`` (processes, the state machine, case 003) run by

@@ -11,6 +11,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue as queue_module
+import select
+import signal
 import threading
 import time
 import traceback
@@ -20,14 +22,20 @@ from typing import Any
 
 import pytest
 
-from alkstore import JobHandle, QueueOpts, Store
+from alkstore import JobHandle, Queue, QueueOpts, Store
 from alkstore_contract_tests import _children
 from alkstore_contract_tests._clock import T0, ManualClock
-from alkstore_contract_tests._fixtures import ContractFixtures, StoreFactory, at, job
+from alkstore_contract_tests._fixtures import (
+    ContractFixtures,
+    StoreFactory,
+    at,
+    claim_exactly,
+    job,
+)
 from alkstore_contract_tests.harness import StoreTarget
 from alkstore_contract_tests.suite.wake import WAKE_TIMEOUT_S
 
-__all__ = ["ProcessConcurrencyTests", "ThreadConcurrencyTests", "rounds"]
+__all__ = ["ForkTests", "ProcessConcurrencyTests", "ThreadConcurrencyTests", "rounds"]
 
 BARRIER_TIMEOUT_S = 120.0
 
@@ -474,3 +482,66 @@ class ProcessConcurrencyTests(ContractFixtures):
             assert sub.wait(WAKE_TIMEOUT_S) is True
         (job_id,) = reports[0][3]
         assert job(store.queue("woken", QueueOpts()), job_id).payload == {"child": 0, "i": 0}
+
+
+# Seconds the forked child may take (it needs about one); longer is a hang.
+_FORKED_CHILD_TIMEOUT_S = 60.0
+
+
+def _enqueue_claim_ack(queue: Queue, n: int) -> None:
+    for i in range(n):
+        claim_exactly(queue, queue.enqueue(i)).ack()
+
+
+class ForkTests(ContractFixtures):
+    """A store opened before ``os.fork()`` (D15; harness capability
+    ``stores_survive_fork``): the child's operations, and the subscriptions
+    it makes, use connections of its own, and the parent's store keeps
+    working while the child works and after it closed its copy."""
+
+    ROUNDS = 100
+
+    @pytest.mark.slow
+    @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork() is POSIX only")
+    # Python 3.12+ warns about fork() in a process with threads (the engine's
+    # pool and wake threads): the very case under test.
+    @pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
+    def test_a_store_opened_before_fork_serves_both_processes(self, store: Store) -> None:
+        if not self.stores_survive_fork:
+            pytest.skip("this engine's harness does not declare stores_survive_fork")
+        mine, theirs = store.queue("parent"), store.queue("child")
+        _enqueue_claim_ack(mine, 1)  # connections are open and pooled
+        sub = store.listen("parent")  # the wake machinery runs
+        # The child holds the pipe's write end until it exits: end of file
+        # on the read end, within the time limit, says it did not hang.
+        exited, holding = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child's lines are not traced
+            os.close(exited)
+            code = 1
+            try:
+                _enqueue_claim_ack(theirs, self.ROUNDS)
+                child_sub = store.listen("child-wake")
+                store.queue("child-wake").enqueue("x")
+                code = 0 if child_sub.wait(WAKE_TIMEOUT_S) else 2
+                store.close()
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        os.close(holding)
+        _enqueue_claim_ack(mine, self.ROUNDS)  # while the child works
+        try:
+            hung = not select.select([exited], [], [], _FORKED_CHILD_TIMEOUT_S)[0]
+            if hung:
+                os.kill(pid, signal.SIGKILL)
+        finally:
+            os.close(exited)
+            _, status = os.waitpid(pid, 0)
+        assert not hung, "the forked child hung (a lock inherited across fork()?)"
+        assert os.waitstatus_to_exitcode(status) == 0, "the child failed (its stderr above)"
+        _enqueue_claim_ack(mine, self.ROUNDS)  # after the child closed its copy
+        assert (mine.stats(), theirs.stats()) == ((0, 0, 0, 0), (0, 0, 0, 0))
+        sub.wait(0)  # consume the wakes of the rounds
+        mine.enqueue("wake")
+        assert sub.wait(WAKE_TIMEOUT_S)
