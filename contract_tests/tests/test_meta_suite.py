@@ -116,7 +116,13 @@ def test_wrong_claim_order_fails(run_suite: RunSuite) -> None:
     assert result.ret == pytest.ExitCode.TESTS_FAILED
 
 
-def test_wrong_claim_order_fails_the_model_comparison(run_suite: RunSuite) -> None:
+def test_wrong_claim_order_fails_the_model_comparison(
+    run_suite: RunSuite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default 50 examples missed the misorder once in about twenty
+    runs (no example claimed two jobs of different priorities); 200 make a
+    miss about one in a million."""
+    monkeypatch.setenv("ALKSTORE_STATEFUL_EXAMPLES", "200")
     result = run_suite("broken_engines", "WrongOrderHarness", "-k", MODEL)
     assert failed_tests(result) == {"test_engine_agrees_with_the_model"}
 
