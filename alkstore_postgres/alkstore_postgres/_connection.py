@@ -18,18 +18,27 @@ import select
 import struct
 import weakref
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any, TypeAlias
 
 import psycopg
 from psycopg.adapt import Dumper
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import Format
-from psycopg.rows import TupleRow
+from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import ConnectionPool, PoolClosed
 
 from alkstore.errors import EngineError, StoreClosedError
 
-__all__ = ["ByteaArray", "Conn", "Database", "engine_error", "wrap_errors"]
+__all__ = [
+    "ByteaArray",
+    "Conn",
+    "Database",
+    "DatabaseIdentity",
+    "database_identity",
+    "engine_error",
+    "wrap_errors",
+]
 
 #: A psycopg connection returning rows as tuples.
 Conn: TypeAlias = psycopg.Connection[TupleRow]
@@ -43,6 +52,32 @@ def _idle_and_alive(conn: Conn) -> bool:
     except (OSError, ValueError, psycopg.Error):
         return False
     return not readable
+
+
+#: What tells one database from another: the running server's start time
+#: and the database's name.
+DatabaseIdentity: TypeAlias = tuple[datetime, str]
+
+
+def database_identity(conn: psycopg.Connection[Any]) -> DatabaseIdentity:
+    """The identity of the database ``conn`` is on.
+
+    Read with functions every role may call and that cannot fail, so that
+    asking on an application's connection never aborts its transaction.
+    Two servers never started in the same microsecond; a restart changes
+    the identity (callers holding an older one read theirs again).
+
+    Raises
+    ------
+    psycopg.Error
+        If the connection fails.
+    """
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(
+            "SELECT pg_postmaster_start_time(), current_database()", binary=True
+        ).fetchone()
+    assert row is not None
+    return row[0], row[1]
 
 
 def engine_error(error: psycopg.Error) -> EngineError:

@@ -24,7 +24,7 @@ from alkstore import Job, JobHandle, Queue, QueueOpts, QueueStats, SweepResult
 from alkstore.engine import EXPIRED, MAX_ATTEMPTS_EXCEEDED, EncodedPayload, Resolved
 from alkstore.errors import EngineError, ValidationError
 from alkstore_postgres import _operations
-from alkstore_postgres._connection import ByteaArray, wrap_errors
+from alkstore_postgres._connection import ByteaArray, database_identity, wrap_errors
 from alkstore_postgres._handle import PostgresJobHandle
 from alkstore_postgres._rows import DEAD_COLUMNS, LIVE_COLUMNS, MOVED_COLUMNS, job_from_row
 from alkstore_postgres._schema import Statement, numbered, render
@@ -443,10 +443,19 @@ class PostgresQueue(Queue):
             *_stamps(resolved),
             self._channel,
         )
-        # The caller's connection may have its own row factory: a cursor of
-        # our own. alkstore never commits or rolls it back.
-        with wrap_errors(), conn.cursor(row_factory=tuple_row) as cur:
-            row = cur.execute(self._pg_store.sql(INSERT), params).fetchone()
+        store = self._pg_store
+        with wrap_errors():
+            theirs = database_identity(conn)
+            if not store._is_own_database(theirs):
+                where = "another server" if theirs[1] == store._database[1] else repr(theirs[1])
+                raise ValidationError(
+                    f"enqueue_tx needs a connection to the store's database "
+                    f"({store._database[1]!r} of {store._url}); this one is on {where}"
+                )
+            # The caller's connection may have its own row factory: a cursor
+            # of our own. alkstore never commits or rolls it back.
+            with conn.cursor(row_factory=tuple_row) as cur:
+                row = cur.execute(store.sql(INSERT), params).fetchone()
         assert row is not None
         job_id: int = row[0]
         return job_id

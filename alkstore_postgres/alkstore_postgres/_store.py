@@ -23,7 +23,13 @@ from alkstore.engine import (
 from alkstore.errors import ValidationError
 from alkstore_postgres import _operations, _schedules, _schema
 from alkstore_postgres._clock import ServerClock
-from alkstore_postgres._connection import Conn, Database, wrap_errors
+from alkstore_postgres._connection import (
+    Conn,
+    Database,
+    DatabaseIdentity,
+    database_identity,
+    wrap_errors,
+)
 from alkstore_postgres._maintenance import maintenance_turn
 from alkstore_postgres._queue import PostgresQueue
 from alkstore_postgres._schema import Statement
@@ -168,6 +174,7 @@ class PostgresStore(Store):
                         )
                     if clock is None:
                         self._server_clock.set_sample(*_sample_clock(conn))
+                    self._database = database_identity(conn)
             finally:
                 conn.close()
             self._db.open()
@@ -203,6 +210,15 @@ class PostgresStore(Store):
     def _sample_clock(self) -> tuple[datetime, float]:
         with self._db.connection() as conn:
             return _sample_clock(conn)
+
+    def _is_own_database(self, identity: DatabaseIdentity) -> bool:
+        """Whether ``identity`` (see ``database_identity``) is this store's
+        database; after a server restart, the store's is read again."""
+        if identity == self._database:
+            return True
+        with self._db.connection() as conn:
+            self._database = database_identity(conn)
+        return identity == self._database
 
     def _connect_listener(self) -> Conn:
         return self._db.connect(application_name="alkstore-listener")

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
-from postgres_server import drop_schema
+from postgres_server import drop_schema, fresh_schema_name
+from psycopg import sql
+from psycopg.pq import TransactionStatus
 
 import alkstore
 from alkstore import QueueOpts
@@ -133,6 +136,36 @@ def test_enqueue_tx_refuses_unusable_connections(postgres_url: str, store: Postg
     with pytest.raises(ValidationError, match="closed or broken"):
         q.enqueue_tx(closed, 1)
     assert q.stats() == (0, 0, 0, 0)
+
+
+@pytest.fixture
+def other_database_url(postgres_url: str, admin: psycopg.Connection[Any]) -> Iterator[str]:
+    """The URL of a new database on the same server, dropped afterwards."""
+    name = fresh_schema_name("db")
+    admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield urlsplit(postgres_url)._replace(path=f"/{name}").geturl()
+    admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def test_enqueue_tx_refuses_a_connection_to_another_database(
+    open_pg: Callable[..., PostgresStore], other_database_url: str
+) -> None:
+    store = open_pg()
+    # The same schema there: the insert itself would succeed.
+    twin = open_pg(other_database_url)
+    with psycopg.connect(other_database_url) as app:
+        app.execute("SELECT 1")  # the caller's transaction is open
+        with pytest.raises(
+            ValidationError,
+            match=r"needs a connection to the store's database .*; this one is on 'db_",
+        ):
+            store.queue("tx").enqueue_tx(app, 1)
+        # Refused with reads only: the caller's transaction goes on.
+        assert app.info.transaction_status == TransactionStatus.INTRANS
+        assert app.execute("SELECT 2").fetchone() == (2,)
+        app.commit()
+    assert store.queue("tx").stats() == (0, 0, 0, 0)
+    assert twin.queue("tx").stats() == (0, 0, 0, 0)
 
 
 def test_a_refused_payload_never_aborts_the_callers_transaction(
