@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from alkstore import _validation as v
 from alkstore._codec import EncodedPayload, encode_payload
+from alkstore._duration import duration
 from alkstore._job import Job, QueueStats, SweepResult
 from alkstore._options import QueueOpts
 from alkstore._resolution import EnqueueOptions, Resolved, enqueue_options, resolve
@@ -416,7 +417,7 @@ class Queue(abc.ABC):
         job_id = v.job_id(job_id)
         delay_s = 0.0 if delay is None else v.duration_s(delay, "delay")
         now = self._store._now()
-        return self._requeue(job_id, now, now + timedelta(seconds=delay_s))
+        return self._requeue(job_id, now, now + duration(delay_s))
 
     def purge_dead(self, older_than: object = None) -> int:
         """Delete this queue's dead jobs that died at least ``older_than``
@@ -436,7 +437,7 @@ class Queue(abc.ABC):
         cutoff = None
         if older_than is not None:
             older_s = v.duration_s(older_than, "older_than")
-            cutoff = self._store._now() - timedelta(seconds=older_s)
+            cutoff = self._store._now() - duration(older_s)
         return self._purge_dead(cutoff)
 
     # -- engine primitives ---------------------------------------------------

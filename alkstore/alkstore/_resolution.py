@@ -9,9 +9,10 @@ values stamped on the new rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from alkstore import _validation as v
+from alkstore._duration import duration
 from alkstore._options import QueueOpts
 from alkstore.errors import ValidationError
 
@@ -110,13 +111,13 @@ def resolve(now: datetime, opts: QueueOpts, options: EnqueueOptions) -> Resolved
         If the resolved ``expires_at`` is at or before the resolved ``run_at``.
     """
     if options.delay_s is not None:
-        run_at = now + timedelta(seconds=options.delay_s)
+        run_at = now + duration(options.delay_s)
     elif options.run_at is not None:
         run_at = options.run_at
     else:
         run_at = now
     expires_s = options.expires_s if options.expires_s is not None else opts.expires_s
-    expires_at = None if expires_s is None else now + timedelta(seconds=expires_s)
+    expires_at = None if expires_s is None else now + duration(expires_s)
     if expires_at is not None and expires_at <= run_at:
         raise ValidationError(
             f"the job would expire at {expires_at.isoformat()}, not after it "

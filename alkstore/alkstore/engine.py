@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from alkstore._codec import EncodedPayload, decode_payload
+from alkstore._duration import duration, duration_us
 from alkstore._handle import FAILED, MAX_ATTEMPTS_EXCEEDED
 from alkstore._job import JOB_FIELDS, job_from_values
 from alkstore._latch import WakeLatch
@@ -37,7 +38,9 @@ __all__ = [
     "check_engine_options",
     "check_schema_version",
     "decode_payload",
+    "duration",
     "duration_s",
+    "duration_us",
     "int_in_range",
     "job_from_values",
     "redact_url",

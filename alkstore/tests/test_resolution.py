@@ -17,6 +17,11 @@ instants = st.datetimes(
 )
 
 
+def span(seconds: float) -> timedelta:
+    """Whole microseconds, seconds * 1e6 rounded half to even (D26)."""
+    return timedelta(microseconds=round(seconds * 1e6))
+
+
 def test_no_options_means_now_and_the_queue_stamps() -> None:
     opts = QueueOpts(
         visibility_timeout_s=12,
@@ -37,7 +42,7 @@ def test_no_options_means_now_and_the_queue_stamps() -> None:
 @given(delay=seconds, run_at=instants, now=instants)
 def test_delay_wins_over_run_at(delay: float, run_at: datetime, now: datetime) -> None:
     r = resolve(now, QueueOpts(), enqueue_options(delay=delay, run_at=run_at))
-    assert r.run_at == now + timedelta(seconds=delay)
+    assert r.run_at == now + span(delay)
 
 
 @given(run_at=instants, offset_h=st.integers(-12, 14))
@@ -52,7 +57,7 @@ def test_run_at_in_any_zone_is_normalised_to_utc(run_at: datetime, offset_h: int
 def test_expiry_is_relative_to_the_enqueue_instant(expires: float, queue_expires: float) -> None:
     opts = QueueOpts(expires_s=queue_expires or None)
     r = resolve(T0, opts, enqueue_options(expires=expires))
-    assert r.expires_at == T0 + timedelta(seconds=expires)
+    assert r.expires_at == T0 + span(expires)
 
 
 def test_per_job_overrides() -> None:
@@ -65,11 +70,11 @@ def test_per_job_overrides() -> None:
 @given(delay=seconds, expires=st.floats(min_value=0.001, max_value=10**7))
 def test_expiry_at_or_before_run_at_is_refused(delay: float, expires: float) -> None:
     options = enqueue_options(delay=delay, expires=expires)
-    if T0 + timedelta(seconds=expires) <= T0 + timedelta(seconds=delay):
+    if span(expires) <= span(delay):
         with pytest.raises(ValidationError, match="expire"):
             resolve(T0, QueueOpts(), options)
     else:
-        assert resolve(T0, QueueOpts(), options).expires_at == T0 + timedelta(seconds=expires)
+        assert resolve(T0, QueueOpts(), options).expires_at == T0 + span(expires)
 
 
 def test_queue_expiry_before_an_explicit_run_at_is_refused_too() -> None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from psycopg import sql
 
 from alkstore import Job, JobHandle
+from alkstore.engine import duration
 from alkstore_postgres._rows import MOVED_COLUMNS
 from alkstore_postgres._schema import Statement
 
@@ -80,7 +81,7 @@ class PostgresJobHandle(JobHandle):
 
     def _retry(self, error: str, delay_s: float) -> bool:
         now = self._pg_queue._pg_store._now()
-        run_at = now + timedelta(seconds=delay_s)
+        run_at = now + duration(delay_s)
         state = "scheduled" if run_at > now else "pending"
         return self._run(RETRY, now=now, run_at=run_at, state=state, error=error)
 
@@ -91,5 +92,5 @@ class PostgresJobHandle(JobHandle):
         now = self._pg_queue._pg_store._now()
         # At least a microsecond, as at claim time: a heartbeat that took
         # effect never leaves the claim already lapsed.
-        extend = max(timedelta(seconds=extend_s), _MICROSECOND)
+        extend = max(duration(extend_s), _MICROSECOND)
         return self._run(HEARTBEAT, now=now, deadline=now + extend)

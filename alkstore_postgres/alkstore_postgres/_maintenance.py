@@ -29,12 +29,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
 
+from alkstore.engine import duration
 from alkstore_postgres._connection import wrap_errors
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ def advisory_key(schema: str, task: str) -> int:
 
 def _before(now: datetime, interval_s: float) -> datetime:
     try:
-        return now - timedelta(seconds=interval_s)
+        return now - duration(interval_s)
     except OverflowError:
         return _EARLIEST
 

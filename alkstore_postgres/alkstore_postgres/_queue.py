@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -21,7 +21,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
 from alkstore import Job, JobHandle, Queue, QueueOpts, QueueStats, SweepResult
-from alkstore.engine import EXPIRED, MAX_ATTEMPTS_EXCEEDED, EncodedPayload, Resolved
+from alkstore.engine import EXPIRED, MAX_ATTEMPTS_EXCEEDED, EncodedPayload, Resolved, duration
 from alkstore.errors import EngineError, ValidationError
 from alkstore_postgres import _operations
 from alkstore_postgres._connection import ByteaArray, database_identity, wrap_errors
@@ -517,7 +517,7 @@ class PostgresQueue(Queue):
         cutoff = None
         if retention_s is not None:
             try:
-                cutoff = now - timedelta(seconds=retention_s)
+                cutoff = now - duration(retention_s)
             except OverflowError:
                 cutoff = None  # before year 1: nothing can be that old
         params = {

@@ -7,8 +7,9 @@ import sqlite3
 from typing import TYPE_CHECKING, Any
 
 from alkstore import Job, JobHandle
+from alkstore.engine import duration_us
 from alkstore_sqlite._connection import rowcount
-from alkstore_sqlite._rows import bury_sql, seconds_to_us, to_us
+from alkstore_sqlite._rows import bury_sql, to_us
 
 if TYPE_CHECKING:
     from alkstore_sqlite._queue import SqliteQueue
@@ -66,7 +67,7 @@ class SqliteJobHandle(JobHandle):
 
     def _retry(self, error: str, delay_s: float) -> bool:
         params = self._params(error=error)
-        run_at = params["run_at"] = params["now"] + seconds_to_us(delay_s)
+        run_at = params["run_at"] = params["now"] + duration_us(delay_s)
         # Out of the claim's walk until due (see _schema).
         params["state"] = "scheduled" if run_at > params["now"] else "pending"
         return self._write(_RETRY, params)
@@ -76,7 +77,7 @@ class SqliteJobHandle(JobHandle):
 
     def _heartbeat(self, extend_s: float) -> bool:
         params = self._params()
-        params["deadline"] = params["now"] + max(1, seconds_to_us(extend_s))
+        params["deadline"] = params["now"] + max(1, duration_us(extend_s))
         return self._write(_HEARTBEAT, params)
 
 

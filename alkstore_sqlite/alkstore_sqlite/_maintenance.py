@@ -36,9 +36,10 @@ import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from alkstore.engine import duration_us
 from alkstore.errors import EngineError
 from alkstore_sqlite._connection import fetchone, rowcount
-from alkstore_sqlite._rows import seconds_to_us, to_us
+from alkstore_sqlite._rows import to_us
 
 if TYPE_CHECKING:
     from alkstore_sqlite._store import SqliteStore
@@ -125,7 +126,7 @@ def maintenance_turn(store: SqliteStore, task: str, interval_s: float) -> Iterat
         If the database or the lock file fails (before the block runs).
     """
     row = store._pool.run(fetchone, _READ, (task,))
-    interval_us = seconds_to_us(interval_s)
+    interval_us = duration_us(interval_s)
     if row is not None and row[0] > to_us(store._now()) - interval_us:
         yield False
         return

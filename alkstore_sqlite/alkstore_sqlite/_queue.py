@@ -12,7 +12,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from alkstore import Job, JobHandle, Queue, QueueOpts, QueueStats, SweepResult
-from alkstore.engine import EXPIRED, MAX_ATTEMPTS_EXCEEDED, EncodedPayload, Resolved
+from alkstore.engine import (
+    EXPIRED,
+    MAX_ATTEMPTS_EXCEEDED,
+    EncodedPayload,
+    Resolved,
+    duration_us,
+)
 from alkstore.errors import ValidationError
 from alkstore_sqlite import _operations
 from alkstore_sqlite._connection import engine_error, fetchone, rowcount, run_in_transaction
@@ -23,7 +29,6 @@ from alkstore_sqlite._rows import (
     bury_sql,
     job_from_row,
     jobs_from_rows,
-    seconds_to_us,
     to_us,
 )
 from alkstore_sqlite._wake import notify
@@ -138,7 +143,7 @@ _CLAIM_SET = """
 """
 # The deadline uses the row's own visibility timeout, at least one
 # microsecond so that a claim never starts out lapsed. Its microseconds are
-# rounded half to even, as seconds_to_us (Python's round) rounds a
+# rounded half to even, as the core's duration_us (Python's round) rounds a
 # heartbeat's and PostgreSQL's make_interval (rint) the other engine's
 # claims: SQLite's round() takes halves away from zero, so an exact half
 # (a timeout of 2.5e-6 s) loses the excess it added. The timeout is > 0. Each statement
@@ -389,7 +394,7 @@ class SqliteQueue(Queue):
 
     def _sweep_expired(self, retention_s: float | None) -> SweepResult:
         now = to_us(self._store._now())
-        purge_before = None if retention_s is None else now - seconds_to_us(retention_s)
+        purge_before = None if retention_s is None else now - duration_us(retention_s)
         return self._store._pool.transaction(_sweep, self._name, now, purge_before)
 
     def _stats(self) -> QueueStats:

@@ -22,7 +22,6 @@ __all__ = [
     "from_us",
     "job_from_row",
     "jobs_from_rows",
-    "seconds_to_us",
     "to_us",
 ]
 
@@ -84,11 +83,6 @@ def to_us(instant: datetime) -> int:
 def from_us(us: int) -> datetime:
     """The aware UTC ``datetime`` of microseconds since the Unix epoch."""
     return _EPOCH + timedelta(microseconds=us)
-
-
-def seconds_to_us(seconds: float) -> int:
-    """A duration in seconds as whole microseconds (rounded)."""
-    return round(seconds * _US)
 
 
 def jobs_from_rows(rows: Sequence[Sequence[Any]]) -> list[Job]:

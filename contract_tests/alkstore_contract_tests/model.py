@@ -58,7 +58,8 @@ def backoff_bounds(attempt: int, base_s: int, cap_s: int) -> tuple[int, int]:
 
 
 def _seconds(value: float | timedelta) -> timedelta:
-    return value if isinstance(value, timedelta) else timedelta(seconds=value)
+    # Whole microseconds, seconds * 1e6 rounded half to even (D26).
+    return value if isinstance(value, timedelta) else timedelta(microseconds=round(value * 1e6))
 
 
 @dataclass

@@ -180,7 +180,14 @@ class HeartbeatTests(ContractFixtures):
 
     @pytest.mark.parametrize(
         ("seconds", "micros"),
-        [(2.5e-6, 2), (3.5e-6, 4), (1.7e-6, 2), (30.0000005, 30_000_000)],
+        [
+            (2.5e-6, 2),
+            (3.5e-6, 4),
+            (1.7e-6, 2),
+            (30.0000005, 30_000_000),
+            # seconds * 1e6 is a half in binary, the exact value just below.
+            (18.0340635, 18_034_064),
+        ],
     )
     def test_a_claim_and_a_heartbeat_round_a_timeout_alike(
         self, store: Store, clock: ManualClock, seconds: float, micros: int
@@ -194,6 +201,33 @@ class HeartbeatTests(ContractFixtures):
         assert handle.claim_deadline == T0 + timedelta(microseconds=micros)
         assert handle.heartbeat(seconds) is True
         assert job(q, handle.id).claim_deadline == T0 + timedelta(microseconds=micros)
+
+    @pytest.mark.parametrize(
+        ("seconds", "micros"), [(18.0340635, 18_034_064), (4.1057185, 4_105_718), (2.5e-6, 2)]
+    )
+    def test_every_duration_rounds_by_the_claims_rule(
+        self, store: Store, clock: ManualClock, seconds: float, micros: int
+    ) -> None:
+        """Every duration argument becomes whole microseconds by one rule
+        (D26): ``seconds * 1e6`` rounded half to even, as the claim's deadline
+        from the row's stamp; the exact binary value, rounded, would differ
+        by one microsecond for the first two."""
+        q = store.queue("jobs", QueueOpts(visibility_timeout_s=seconds))
+        then = T0 + timedelta(microseconds=micros)
+        assert job(q, q.enqueue("later", delay=seconds)).run_at == then
+        expiring = q.enqueue("expiring", expires=seconds)
+        assert job(q, expiring).expires_at == then
+        assert q.cancel(expiring)
+        handle = claim_exactly(q, q.enqueue("claimed"))
+        assert handle.claim_deadline == then
+        assert handle.heartbeat(seconds) is True
+        assert job(q, handle.id).claim_deadline == then
+        assert handle.retry("again", delay=seconds) is True
+        assert job(q, handle.id).run_at == then
+        dead = claim_exactly(q, q.enqueue("dead"))
+        assert dead.fail("boom") is True
+        assert q.requeue(dead.id, delay=seconds) is True
+        assert job(q, dead.id).run_at == then
 
     def test_heartbeat_is_absolute_not_additive(self, queue: Queue, clock: ManualClock) -> None:
         job_id = queue.enqueue("x")
