@@ -140,6 +140,15 @@ def test_the_url_comes_from_the_environment(project: Path, url: str) -> None:
     assert not (project / "alkstore.db").exists()
 
 
+def test_the_url_may_follow_the_command(project: Path, url: str) -> None:
+    elsewhere = {"ALKSTORE_URL": f"sqlite:///{project / 'elsewhere.db'}"}
+    job_id = ok(command(project, "enqueue", "mail", "1", "--url", url, env=elsewhere)).strip()
+    assert ok(command(project, "job", job_id, "-q", "mail", "--url", url))
+    assert "no dead jobs in queue mail" in ok(command(project, "dead", "list", "mail", "--url", url))
+    assert (project / "jobs.db").exists()
+    assert not (project / "elsewhere.db").exists()
+
+
 def test_the_default_store_is_the_embedded_file(project: Path) -> None:
     ok(command(project, "enqueue", "mail", "1"))
     assert (project / "alkstore.db").exists()
@@ -411,9 +420,12 @@ def test_an_app_that_cannot_be_loaded_is_one_line(
     assert "Traceback" not in result.stderr
 
 
-def test_debug_prints_the_traceback_first(project: Path) -> None:
+@pytest.mark.parametrize(
+    "args", [("--debug", "worker", "broken:app"), ("worker", "broken:app", "--debug")]
+)
+def test_debug_prints_the_traceback_first(project: Path, args: tuple[str, ...]) -> None:
     (project / "broken.py").write_text("raise RuntimeError('at import')\n")
-    result = command(project, "--debug", "worker", "broken:app")
+    result = command(project, *args)
     assert result.returncode == 1
     assert "Traceback (most recent call last)" in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
