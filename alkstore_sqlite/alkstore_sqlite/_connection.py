@@ -19,6 +19,7 @@ driver's error as ``__cause__`` (SPEC §2 "Errors").
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -31,6 +32,7 @@ from alkstore.errors import EngineError, StoreClosedError
 
 __all__ = [
     "ConnectionPool",
+    "close_inherited",
     "connect",
     "engine_error",
     "fetchall",
@@ -185,12 +187,19 @@ class ConnectionPool:
             conn.close()
 
     def _after_fork_in_child(self) -> None:
-        # A connection inherited across fork() must not be used, nor closed
-        # (closing runs SQLite's unlock and checkpoint logic against files
-        # the parent still uses): forget it and open fresh ones.
+        # A connection inherited across fork() must not be used (D15), and
+        # must not stay open either: SQLite keeps its POSIX lock bookkeeping
+        # per process and per file, and the inherited copy says this process
+        # holds the locks the parent's connections took, which fork() did
+        # not give the child. New connections would then never take their
+        # own, and a parent that closed its store would checkpoint and
+        # delete the WAL under the child's writes. Close them first, before
+        # any new one: closing only drops the child's (empty) share of the
+        # locks, and checkpoints only if nobody else holds the file.
         self._lock = threading.Lock()
-        _inherited.extend(self._idle)
-        self._idle = []
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            close_inherited(conn)
 
     # -- running operations --------------------------------------------------
 
@@ -275,11 +284,15 @@ def run_in_transaction(
     return result
 
 
-# Every pool of this process, to forget inherited connections after fork().
+# Every pool of this process, to close inherited connections after fork().
 _pools: weakref.WeakSet[ConnectionPool] = weakref.WeakSet()
-# Inherited connections stay referenced so that garbage collection does not
-# close them in the child.
-_inherited: list[sqlite3.Connection] = []
+
+
+def close_inherited(conn: sqlite3.Connection) -> None:
+    """Close a connection a forked child inherited (see
+    ``ConnectionPool._after_fork_in_child``); never raises."""
+    with contextlib.suppress(sqlite3.Error):
+        conn.close()
 
 
 def _after_fork_in_child() -> None:

@@ -50,7 +50,7 @@ import threading
 import time
 
 from alkstore.engine import WakeLatch
-from alkstore_sqlite._connection import connect
+from alkstore_sqlite._connection import close_inherited, connect
 from alkstore_sqlite._inotify import FileEvents, watch_file
 
 __all__ = [
@@ -125,6 +125,8 @@ class FileWatch:
         # _before_fork): a child must not inherit a SQLite mutex held by a
         # thread it does not have, or its first connect hangs (D15).
         self.sqlite_lock = threading.Lock()
+        # The watcher thread's connection, under sqlite_lock.
+        self.conn: sqlite3.Connection | None = None
         self.latches: dict[str, set[WakeLatch]] = {}
         # The highest job id delivered per subscribed queue.
         self.seen: dict[str, int] = {}
@@ -249,39 +251,51 @@ class FileWatch:
         return active_until
 
     def _run(self) -> None:
-        conn: sqlite3.Connection | None = None
         last_version: int | None = None
         active_until = 0.0
         try:
             while not self._stopping:
                 try:
                     with self.sqlite_lock:
-                        if conn is None:
-                            conn = connect(self.path, self.busy_timeout_s)
+                        if self.conn is None:
+                            self.conn = connect(self.path, self.busy_timeout_s)
                             last_version = None
-                        version = conn.execute("PRAGMA data_version").fetchone()[0]
+                        version = self.conn.execute("PRAGMA data_version").fetchone()[0]
                         changed = version != last_version
                         if changed or self._rescan:
                             last_version = version
-                            self._scan(conn)
+                            self._scan(self.conn)
                 except sqlite3.Error:
                     log.warning(
                         "alkstore-sqlite watcher on %s failed; reconnecting",
                         self.path,
                         exc_info=True,
                     )
-                    if conn is not None:
-                        with self.sqlite_lock:
-                            conn.close()
-                        conn = None
+                    self._close_conn()
                     self.wake_all()
                     time.sleep(_RECONNECT_PAUSE_S)
                     continue
                 active_until = self._pause(active_until, changed)
         finally:
+            self._close_conn()
+
+    def _close_conn(self) -> None:
+        with self.sqlite_lock:
+            conn, self.conn = self.conn, None
             if conn is not None:
-                with self.sqlite_lock:
-                    conn.close()
+                conn.close()
+
+    def after_fork_in_child(self) -> None:
+        """Close what the watcher held; its thread did not survive fork().
+        The connection is closed before the child opens any of its own (see
+        ``ConnectionPool._after_fork_in_child``); fork() took sqlite_lock,
+        so the thread was outside SQLite."""
+        if self.conn is not None:
+            close_inherited(self.conn)
+            self.conn = None
+        if self._events is not None:
+            self._events.close()
+            self._events = None
 
     def _scan(self, conn: sqlite3.Connection) -> None:
         with self.lock:
@@ -391,8 +405,11 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    # The watcher threads did not survive fork(): start from an empty
-    # registry (the child's own subscriptions start their own watchers).
+    # The watcher threads did not survive fork(): close what they held and
+    # start from an empty registry (the child's own subscriptions start
+    # their own watchers).
+    for watch in _registry.watches.values():
+        watch.after_fork_in_child()
     _registry.reset()
 
 

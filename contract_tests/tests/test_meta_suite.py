@@ -240,10 +240,10 @@ def test_an_in_process_engine_passes_with_capabilities_skipped(run_suite: RunSui
     # only the capabilities this engine lacks are skipped: 9 process tests
     # (4 claim races, 4 worker crashes and signals, 1 scheduler race), 15
     # transactional ones (11 contract, 3 outbox, 1 worker), case 011's fault
-    # injection, the fork test
+    # injection, the two fork tests
     assert skip_reasons(result) == {
         "this engine's harness cannot open its target in a spawned process": 9,
         "this engine's harness gives no application connection": 15,
         "this engine's harness cannot inject dead-letter faults": 1,
-        "this engine's harness does not declare stores_survive_fork": 1,
+        "this engine's harness does not declare stores_survive_fork": 2,
     }

@@ -493,55 +493,123 @@ def _enqueue_claim_ack(queue: Queue, n: int) -> None:
         claim_exactly(queue, queue.enqueue(i)).ack()
 
 
-class ForkTests(ContractFixtures):
-    """A store opened before ``os.fork()`` (D15; harness capability
-    ``stores_survive_fork``): the child's operations, and the subscriptions
-    it makes, use connections of its own, and the parent's store keeps
-    working while the child works and after it closed its copy."""
+def _wait_readable(fd: int) -> None:
+    assert select.select([fd], [], [], _FORKED_CHILD_TIMEOUT_S)[0], "no word from the other side"
+    os.read(fd, 1)
 
-    ROUNDS = 100
 
-    @pytest.mark.slow
-    @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork() is POSIX only")
-    # Python 3.12+ warns about fork() in a process with threads (the engine's
-    # pool and wake threads): the very case under test.
-    @pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
-    def test_a_store_opened_before_fork_serves_both_processes(self, store: Store) -> None:
-        if not self.stores_survive_fork:
-            pytest.skip("this engine's harness does not declare stores_survive_fork")
-        mine, theirs = store.queue("parent"), store.queue("child")
-        _enqueue_claim_ack(mine, 1)  # connections are open and pooled
-        sub = store.listen("parent")  # the wake machinery runs
-        # The child holds the pipe's write end until it exits: end of file
-        # on the read end, within the time limit, says it did not hang.
-        exited, holding = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child's lines are not traced
-            os.close(exited)
+class _Forked:
+    """A child forked to run ``body``: it exits 0 if ``body`` returns, 1 if
+    it raises (the traceback on its stderr). It holds a pipe's write end
+    until it exits: end of file on the read end, within the time limit,
+    says it did not hang."""
+
+    def __init__(self, body: Callable[[], None]) -> None:
+        self._exited, holding = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # pragma: no cover - the child's lines are not traced
+            os.close(self._exited)
             code = 1
             try:
-                _enqueue_claim_ack(theirs, self.ROUNDS)
-                child_sub = store.listen("child-wake")
-                store.queue("child-wake").enqueue("x")
-                code = 0 if child_sub.wait(WAKE_TIMEOUT_S) else 2
-                store.close()
+                body()
+                code = 0
             except BaseException:
                 traceback.print_exc()
             finally:
                 os._exit(code)
         os.close(holding)
-        _enqueue_claim_ack(mine, self.ROUNDS)  # while the child works
+
+    def join(self) -> None:
+        """Wait for the child; assert that it neither hung nor failed."""
         try:
-            hung = not select.select([exited], [], [], _FORKED_CHILD_TIMEOUT_S)[0]
+            hung = not select.select([self._exited], [], [], _FORKED_CHILD_TIMEOUT_S)[0]
             if hung:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(self.pid, signal.SIGKILL)
         finally:
-            os.close(exited)
-            _, status = os.waitpid(pid, 0)
+            os.close(self._exited)
+            _, status = os.waitpid(self.pid, 0)
         assert not hung, "the forked child hung (a lock inherited across fork()?)"
         assert os.waitstatus_to_exitcode(status) == 0, "the child failed (its stderr above)"
+
+
+def _forking(test: Callable[..., None]) -> Callable[..., None]:
+    """The marks of a fork test (on each test: ContractSuite inherits a
+    topic class's own marks, and would put them on every test)."""
+    marks = (
+        pytest.mark.slow,
+        pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork() is POSIX only"),
+        # Python 3.12+ warns about fork() in a process with threads (the
+        # engine's pool and wake threads): the very case under test.
+        pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning"),
+    )
+    for mark in marks:
+        test = mark(test)
+    return test
+
+
+class ForkTests(ContractFixtures):
+    """A store opened before ``os.fork()`` (D15; harness capability
+    ``stores_survive_fork``): the child's operations, and the subscriptions
+    it makes, use connections of its own, and the parent's store keeps
+    working while the child works and after it closed its copy; nothing the
+    child commits is lost when the parent closes its own."""
+
+    ROUNDS = 100
+
+    # Not an autouse fixture, for the same reason as _forking.
+    def _require_capability(self) -> None:
+        if not self.stores_survive_fork:
+            pytest.skip("this engine's harness does not declare stores_survive_fork")
+
+    @_forking
+    def test_a_store_opened_before_fork_serves_both_processes(self, store: Store) -> None:
+        self._require_capability()
+        mine, theirs = store.queue("parent"), store.queue("child")
+        _enqueue_claim_ack(mine, 1)  # connections are open and pooled
+        sub = store.listen("parent")  # the wake machinery runs
+
+        def child() -> None:
+            _enqueue_claim_ack(theirs, self.ROUNDS)
+            child_sub = store.listen("child-wake")
+            store.queue("child-wake").enqueue("x")
+            assert child_sub.wait(WAKE_TIMEOUT_S)
+            store.close()
+
+        forked = _Forked(child)
+        _enqueue_claim_ack(mine, self.ROUNDS)  # while the child works
+        forked.join()
         _enqueue_claim_ack(mine, self.ROUNDS)  # after the child closed its copy
         assert (mine.stats(), theirs.stats()) == ((0, 0, 0, 0), (0, 0, 0, 0))
         sub.wait(0)  # consume the wakes of the rounds
         mine.enqueue("wake")
         assert sub.wait(WAKE_TIMEOUT_S)
+
+    @_forking
+    def test_the_parent_closing_its_store_loses_nothing_of_the_childs(
+        self, store: Store, open_store: StoreFactory
+    ) -> None:
+        self._require_capability()
+        _enqueue_claim_ack(store.queue("parent"), 1)
+        store.listen("parent")
+        ready_r, ready_w = os.pipe()
+        go_r, go_w = os.pipe()
+        kept = store.queue("kept")
+
+        def child() -> None:
+            kept.enqueue_many(list(range(self.ROUNDS)))
+            os.write(ready_w, b"!")
+            _wait_readable(go_r)  # the parent closed its store
+            for i in range(self.ROUNDS):
+                kept.enqueue(i)
+            store.close()
+
+        try:
+            forked = _Forked(child)
+            _wait_readable(ready_r)
+            store.close()
+            os.write(go_w, b"!")
+            forked.join()
+        finally:
+            for fd in (ready_r, ready_w, go_r, go_w):
+                os.close(fd)
+        assert open_store().queue("kept").stats() == (2 * self.ROUNDS, 0, 0, 0)
