@@ -144,7 +144,9 @@ def test_the_url_may_follow_the_command(project: Path, url: str) -> None:
     elsewhere = {"ALKSTORE_URL": f"sqlite:///{project / 'elsewhere.db'}"}
     job_id = ok(command(project, "enqueue", "mail", "1", "--url", url, env=elsewhere)).strip()
     assert ok(command(project, "job", job_id, "-q", "mail", "--url", url))
-    assert "no dead jobs in queue mail" in ok(command(project, "dead", "list", "mail", "--url", url))
+    assert "no dead jobs in queue mail" in ok(
+        command(project, "dead", "list", "mail", "--url", url)
+    )
     assert (project / "jobs.db").exists()
     assert not (project / "elsewhere.db").exists()
 
