@@ -135,18 +135,26 @@ def _configure(conn: Conn) -> None:
     conn.adapters.register_dumper(ByteaArray, _ByteaArrayDumper)
 
 
-# Every statement the engine prepares is written to be index-driven whatever
-# its parameters (D25): a generic plan is always right, and PostgreSQL's own
-# choice ('auto') re-plans the claim at every call whenever stale statistics
-# make the generic plan look dearer. Set at connection start-up (no round
-# trip), after the options the URL or PGOPTIONS give, which it would
-# otherwise replace.
-_GENERIC_PLANS = "-c plan_cache_mode=force_generic_plan"
+# Settings the engine's statements rely on, whatever the URL, PGOPTIONS or
+# the server's defaults say. Set at connection start-up (no round trip),
+# after the options the URL or PGOPTIONS give, which they would otherwise
+# replace, and which they override where they clash:
+# - Every statement the engine prepares is written to be index-driven
+#   whatever its parameters (D25): a generic plan is always right, and
+#   PostgreSQL's own choice ('auto') re-plans the claim at every call
+#   whenever stale statistics make the generic plan look dearer.
+# - The claim's SKIP LOCKED walks and the handle's guarded updates need READ
+#   COMMITTED: under REPEATABLE READ or SERIALIZABLE a row another claim
+#   changed meanwhile fails the statement (SerializationFailure) instead of
+#   being re-checked.
+_SESSION_SETTINGS = (
+    r"-c plan_cache_mode=force_generic_plan -c default_transaction_isolation=read\ committed"
+)
 
 
-def _pool_options(conninfo: str) -> str:
+def _session_options(conninfo: str) -> str:
     given = conninfo_to_dict(conninfo).get("options") or os.environ.get("PGOPTIONS", "")
-    return f"{given} {_GENERIC_PLANS}".strip()
+    return f"{given} {_SESSION_SETTINGS}".strip()
 
 
 class Database:
@@ -182,7 +190,7 @@ class Database:
     def _new_pool(self) -> ConnectionPool[Conn]:
         return ConnectionPool(
             self.conninfo,
-            kwargs={"autocommit": True, "options": _pool_options(self.conninfo)},
+            kwargs={"autocommit": True, "options": _session_options(self.conninfo)},
             configure=_configure,
             min_size=self._min_size,
             max_size=self._max_size,
@@ -245,7 +253,11 @@ class Database:
         EngineError
             If the connection fails.
         """
-        params: dict[str, Any] = {"autocommit": True, **kwargs}
+        params: dict[str, Any] = {
+            "autocommit": True,
+            "options": _session_options(self.conninfo),
+            **kwargs,
+        }
         if "connect_timeout" not in psycopg.conninfo.conninfo_to_dict(self.conninfo):
             params.setdefault("connect_timeout", max(1, round(self.timeout_s)))
         with wrap_errors():

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import pytest
 
@@ -96,16 +97,53 @@ def test_a_query_string_password_is_masked_in_repr(
     assert q.get_job(q.enqueue(1)) is not None
 
 
-def test_the_pool_forces_generic_plans_and_keeps_the_urls_options(
+def test_connections_force_the_engines_settings_and_keep_the_urls_options(
     postgres_url: str, open_pg: Callable[..., PostgresStore]
 ) -> None:
     sep = "&" if urlsplit(postgres_url).query else "?"
-    store = open_pg(f"{postgres_url}{sep}options=-c%20work_mem%3D7MB")
+    asks = quote(r"-c work_mem=7MB -c default_transaction_isolation=repeatable\ read")
+    store = open_pg(f"{postgres_url}{sep}options={asks}")
+    settings = (
+        "SELECT current_setting('plan_cache_mode'), current_setting('work_mem'),"
+        " current_setting('default_transaction_isolation')"
+    )
+    expected = ("force_generic_plan", "7MB", "read committed")
     with store._db.connection() as conn:
-        row = conn.execute(
-            "SELECT current_setting('plan_cache_mode'), current_setting('work_mem')"
-        ).fetchone()
-    assert row == ("force_generic_plan", "7MB")
+        assert conn.execute(settings).fetchone() == expected
+    with store._db.connect() as direct:  # migrations
+        assert direct.execute(settings).fetchone() == expected
+
+
+def test_claims_race_under_a_url_asking_for_repeatable_read(
+    postgres_url: str, open_pg: Callable[..., PostgresStore]
+) -> None:
+    """Under REPEATABLE READ a claim meeting a row another claim changed
+    raised SerializationFailure; the engine's sessions use READ COMMITTED."""
+    sep = "&" if urlsplit(postgres_url).query else "?"
+    asks = quote(r"-c default_transaction_isolation=repeatable\ read")
+    store = open_pg(f"{postgres_url}{sep}options={asks}", pool_max_size=8)
+    q = store.queue("jobs")
+    q.enqueue_many(list(range(400)))
+    claimed: list[int] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def drain() -> None:
+        try:
+            start.wait()
+            while handles := q.claim_batch("w", 5):
+                claimed.extend(h.id for h in handles)
+                q.ack_batch([h.id for h in handles])
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=drain) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert len(claimed) == len(set(claimed)) == 400
 
 
 def test_options_are_applied(open_pg: Callable[..., PostgresStore]) -> None:
