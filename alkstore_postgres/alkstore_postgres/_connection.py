@@ -16,6 +16,7 @@ import contextlib
 import os
 import select
 import struct
+import threading
 import weakref
 from collections.abc import Iterator
 from datetime import datetime
@@ -36,6 +37,7 @@ __all__ = [
     "Database",
     "DatabaseIdentity",
     "database_identity",
+    "drop_inherited",
     "engine_error",
     "wrap_errors",
 ]
@@ -131,10 +133,6 @@ class _ByteaArrayDumper(Dumper):
         return b"".join(parts)
 
 
-def _configure(conn: Conn) -> None:
-    conn.adapters.register_dumper(ByteaArray, _ByteaArrayDumper)
-
-
 # Settings the engine's statements rely on, whatever the URL, PGOPTIONS or
 # the server's defaults say. Set at connection start-up (no round trip),
 # after the options the URL or PGOPTIONS give, which they would otherwise
@@ -182,22 +180,31 @@ class Database:
         self._min_size = min_size
         self._max_size = max_size
         self._name = name
+        # This process's pooled connections (see _configure).
+        self._connections: weakref.WeakSet[Conn] = weakref.WeakSet()
         self._pool = self._new_pool()
         self._opened = False
         self._closed = False
+        # Set in a forked child: open the new pool at its first use.
+        self._open_in_child = False
+        self._fork_lock = threading.Lock()
         _databases.add(self)
 
     def _new_pool(self) -> ConnectionPool[Conn]:
         return ConnectionPool(
             self.conninfo,
             kwargs={"autocommit": True, "options": _session_options(self.conninfo)},
-            configure=_configure,
+            configure=self._configure,
             min_size=self._min_size,
             max_size=self._max_size,
             timeout=self.timeout_s,
             open=False,
             name=self._name,
         )
+
+    def _configure(self, conn: Conn) -> None:
+        conn.adapters.register_dumper(ByteaArray, _ByteaArrayDumper)
+        self._connections.add(conn)
 
     def open(self) -> None:
         """Start the pool; its connections are made in the background."""
@@ -232,6 +239,12 @@ class Database:
             self._pool.putconn(conn)
 
     def _getconn(self) -> Conn:
+        if self._open_in_child:
+            with self._fork_lock:
+                if self._open_in_child:
+                    with wrap_errors():
+                        self._pool.open(wait=False)
+                    self._open_in_child = False
         # An idle autocommit connection has nothing to read: data waiting on
         # its socket is the server's goodbye (restart, pg_terminate_backend,
         # idle timeout). Such connections are dropped here, at the cost of a
@@ -269,21 +282,38 @@ class Database:
         self._pool.close()
 
     def _after_fork_in_child(self) -> None:
-        # The pool's connections share their sockets with the parent's
-        # sessions: using one would mix two processes' messages on one
-        # session, and closing one would end the parent's. Keep them, never
-        # touched, and start a pool of this process's own (D15).
+        # The pool's connections share their sessions with the parent: using
+        # one would mix two processes' messages on one session, and closing
+        # one would end the parent's. Drop them (see drop_inherited), and
+        # give this process a pool of its own, opened at its first use (a
+        # child that only execs opens nothing) (D15).
+        for conn in list(self._connections):
+            drop_inherited(conn)
         _inherited.append(self._pool)
+        self._connections = weakref.WeakSet()
         self._pool = self._new_pool()
-        if self._opened and not self._closed:
-            self._pool.open(wait=False)
+        self._fork_lock = threading.Lock()
+        self._open_in_child = self._opened and not self._closed
+
+
+def drop_inherited(conn: Conn) -> None:
+    """In a forked child, close this process's copy of ``conn``'s socket
+    without a word to the server (psycopg's close would end the parent's
+    session): the session is the parent's alone again, and ends when the
+    parent closes it or exits. The object is kept, never used again, so
+    that no finalizer of its runs in the child. Never raises."""
+    with contextlib.suppress(Exception):
+        # A closed connection has no socket (raises): its number may be
+        # another file's by now.
+        os.close(conn.pgconn.socket)
+    _inherited.append(conn)
 
 
 # Every Database of this process, to replace its pool in a forked child.
 _databases: weakref.WeakSet[Database] = weakref.WeakSet()
-# The pools a forked child inherited, referenced so that no finalizer of
-# theirs runs in the child.
-_inherited: list[ConnectionPool[Conn]] = []
+# What a forked child inherited (pools, connections), referenced so that no
+# finalizer of theirs runs in the child.
+_inherited: list[object] = []
 
 
 def _after_fork_in_child() -> None:

@@ -31,7 +31,7 @@ from psycopg import sql
 
 from alkstore.engine import WakeLatch
 from alkstore.errors import AlkstoreError, EngineError, StoreClosedError
-from alkstore_postgres._connection import Conn
+from alkstore_postgres._connection import Conn, drop_inherited
 
 __all__ = ["MAX_CHANNEL_BYTES", "Listener", "channel_name"]
 
@@ -110,6 +110,8 @@ class Listener:
         self._thread: threading.Thread | None = None
         self._poke_r: socket.socket | None = None
         self._poke_w: socket.socket | None = None
+        # The thread's latest connection (for a forked child to drop).
+        self._conn: Conn | None = None
         _listeners.add(self)
 
     # -- the callers' side ---------------------------------------------------
@@ -198,10 +200,16 @@ class Listener:
 
     def _after_fork_in_child(self) -> None:
         # The thread did not survive fork(), and its connection shares its
-        # socket with the parent's session: start from nothing (the next
-        # subscription starts a thread and a connection of this process's
-        # own). Subscriptions made before the fork no longer wake, as in the
-        # SQLite engine (D15).
+        # session with the parent (see drop_inherited): start from nothing
+        # (the next subscription starts a thread and a connection of this
+        # process's own). Subscriptions made before the fork no longer wake,
+        # as in the SQLite engine (D15).
+        if self._conn is not None:
+            drop_inherited(self._conn)
+            self._conn = None
+        for poke in (self._poke_r, self._poke_w):
+            if poke is not None:
+                poke.close()  # this process's copies only
         self._cond = threading.Condition()
         self._start_lock = threading.Lock()
         self._latches = {}
@@ -216,7 +224,7 @@ class Listener:
         with self._start_lock:
             if self._thread is not None:
                 return
-            conn = self._connect()
+            conn = self._conn = self._connect()
             self._poke_r, self._poke_w = socket.socketpair()
             self._poke_r.setblocking(False)
             self._poke_w.setblocking(False)
@@ -274,7 +282,7 @@ class Listener:
                     generation = self._wanted
                     calls, self._calls = self._calls, []
                 if conn is None:
-                    conn = self._reconnect()
+                    conn = self._conn = self._reconnect()
                     if conn is None:
                         for result in calls:
                             result.fail(StoreClosedError("the store is closed"))
