@@ -101,13 +101,15 @@ def test_connections_force_the_engines_settings_and_keep_the_urls_options(
     postgres_url: str, open_pg: Callable[..., PostgresStore]
 ) -> None:
     sep = "&" if urlsplit(postgres_url).query else "?"
-    asks = quote(r"-c work_mem=7MB -c default_transaction_isolation=repeatable\ read")
+    asks = quote(
+        r"-c work_mem=7MB -c default_transaction_isolation=repeatable\ read -c TimeZone=Asia/Tokyo"
+    )
     store = open_pg(f"{postgres_url}{sep}options={asks}")
     settings = (
         "SELECT current_setting('plan_cache_mode'), current_setting('work_mem'),"
-        " current_setting('default_transaction_isolation')"
+        " current_setting('default_transaction_isolation'), current_setting('TimeZone')"
     )
-    expected = ("force_generic_plan", "7MB", "read committed")
+    expected = ("force_generic_plan", "7MB", "read committed", "UTC")
     with store._db.connection() as conn:
         assert conn.execute(settings).fetchone() == expected
     with store._db.connect() as direct:  # migrations
