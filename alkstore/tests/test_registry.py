@@ -20,6 +20,13 @@ def recording_factory(url: str, **options: Any) -> alkstore.Store:
     raise Sentinel(url, options)
 
 
+def python_stdout(code: str) -> str:
+    """What ``python -c code`` prints, in a fresh interpreter."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+
+
 def test_register_wins_and_receives_url_and_options() -> None:
     alkstore.register("Fake-A", recording_factory)
     with pytest.raises(Sentinel) as caught:
@@ -57,9 +64,7 @@ def test_an_engine_whose_driver_cannot_be_imported_is_an_unknown_engine() -> Non
         "except alkstore.UnknownEngineError as error:\n"
         "    print(type(error.__cause__).__name__, '|', error)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout
+    out = python_stdout(code)
     cause, _, message = out.partition(" | ")
     assert cause == "ModuleNotFoundError"
     assert (
@@ -123,7 +128,5 @@ def test_importing_alkstore_imports_no_database_driver() -> None:
         "('sqlite3', '_sqlite3', 'psycopg', 'psycopg_pool', 'alkstore_sqlite', "
         "'alkstore_postgres')))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout
+    out = python_stdout(code)
     assert out.strip() == "[]"

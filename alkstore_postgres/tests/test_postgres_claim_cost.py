@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from postgres_helpers import index_names
 from psycopg import sql
 from test_postgres_schema import claim_plan, make_version, nodes, version
 
@@ -266,12 +267,7 @@ def test_version_3_is_migrated_with_lapsed_and_expired_rows(
     assert version(admin, schema) == SCHEMA_VERSION == 4
     # No row rewritten.
     assert admin.execute(select_all).fetchall() == before
-    indexes = {
-        name
-        for (name,) in admin.execute(
-            "SELECT indexname FROM pg_indexes WHERE schemaname = %s", [schema]
-        ).fetchall()
-    }
+    indexes = index_names(admin, schema)
     assert {"jobs_pending", "jobs_scheduled", "jobs_processing", "jobs_lapsed"} <= indexes
     assert not {"jobs_reclaim", "jobs_exhausted"} & indexes
     expiry = admin.execute(

@@ -11,31 +11,12 @@ from typing import Any
 
 import postgres_children
 import pytest
+from postgres_helpers import in_threads
 
 from alkstore import JobHandle, QueueOpts
 from alkstore_postgres import PostgresStore
 
 pytestmark = pytest.mark.postgres
-
-
-def in_threads(count: int, target: Callable[[int], Any]) -> list[Any]:
-    """Run ``target(i)`` on ``count`` threads; re-raise the first error."""
-    results: list[Any] = [None] * count
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            results[i] = target(i)
-        except BaseException as error:
-            errors.append(error)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
-    return results
 
 
 def test_two_workers_one_row(open_pg: Callable[..., PostgresStore]) -> None:

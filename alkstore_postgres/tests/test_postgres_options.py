@@ -8,6 +8,7 @@ from importlib.metadata import entry_points
 from urllib.parse import quote, urlsplit
 
 import pytest
+from postgres_helpers import in_threads
 
 import alkstore
 from alkstore.errors import ValidationError
@@ -127,24 +128,15 @@ def test_claims_race_under_a_url_asking_for_repeatable_read(
     q = store.queue("jobs")
     q.enqueue_many(list(range(400)))
     claimed: list[int] = []
-    errors: list[BaseException] = []
     start = threading.Barrier(8)
 
-    def drain() -> None:
-        try:
-            start.wait()
-            while handles := q.claim_batch("w", 5):
-                claimed.extend(h.id for h in handles)
-                q.ack_batch([h.id for h in handles])
-        except BaseException as error:
-            errors.append(error)
+    def drain(_: int) -> None:
+        start.wait()
+        while handles := q.claim_batch("w", 5):
+            claimed.extend(h.id for h in handles)
+            q.ack_batch([h.id for h in handles])
 
-    threads = [threading.Thread(target=drain) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == []
+    in_threads(8, drain)  # asserts that no thread raised
     assert len(claimed) == len(set(claimed)) == 400
 
 

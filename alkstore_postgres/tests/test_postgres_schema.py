@@ -13,6 +13,7 @@ from typing import Any
 import postgres_children
 import psycopg
 import pytest
+from postgres_helpers import in_threads, index_names
 from postgres_server import drop_schema, fresh_schema_name
 from psycopg import sql
 
@@ -65,12 +66,7 @@ def test_tables_live_in_their_own_schema(
         "queues",
         "schedules",
     ]
-    indexes = {
-        name
-        for (name,) in admin.execute(
-            "SELECT indexname FROM pg_indexes WHERE schemaname = %s", [schema]
-        ).fetchall()
-    }
+    indexes = index_names(admin, schema)
     assert {
         "jobs_pending",
         "jobs_scheduled",
@@ -147,21 +143,12 @@ def test_threads_open_a_fresh_schema_at_once(
     open_pg: Callable[..., PostgresStore], admin: psycopg.Connection[Any], schema: str
 ) -> None:
     barrier = threading.Barrier(8)
-    errors: list[BaseException] = []
 
-    def opener() -> None:
-        try:
-            barrier.wait()
-            open_pg()
-        except BaseException as error:
-            errors.append(error)
+    def opener(_: int) -> None:
+        barrier.wait()
+        open_pg()
 
-    threads = [threading.Thread(target=opener) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
+    in_threads(8, opener)
     assert version(admin, schema) == SCHEMA_VERSION
 
 
@@ -189,12 +176,7 @@ def test_version_1_is_migrated(
     fill(admin, schema, _FILL, queue="jobs", priority=0, run_at=T0 - timedelta(seconds=1), rows=1)
     q = open_pg().queue("jobs")
     assert version(admin, schema) == SCHEMA_VERSION
-    indexes = {
-        name
-        for (name,) in admin.execute(
-            "SELECT indexname FROM pg_indexes WHERE schemaname = %s", [schema]
-        ).fetchall()
-    }
+    indexes = index_names(admin, schema)
     assert {"jobs_scheduled", "jobs_processing", "jobs_lapsed", "jobs_expiry"} <= indexes
     assert not {"jobs_reclaim", "jobs_exhausted"} & indexes
     scheduled = q.enqueue("new", delay=120)  # the widened CHECK admits 'scheduled'
