@@ -42,4 +42,29 @@ class SchemaVersionError(AlkstoreError):
 
 
 class EngineError(AlkstoreError):
-    """The database driver failed; the driver's exception is ``__cause__``."""
+    """The database driver failed; the driver's exception is ``__cause__``.
+
+    Parameters
+    ----------
+    message
+        What failed, for people.
+    permanent
+        ``True`` when the engine knows that trying again cannot succeed
+        until someone steps in: the database file is read-only, missing or
+        was replaced, the role lacks a privilege, the schema was dropped.
+        ``False`` (the default, and what an engine that cannot tell
+        raises) means the failure may pass: a held lock, a lost connection,
+        a server restarting. The worker runtime retries writes on the jobs
+        it holds and its claims after a non-permanent error, and stops,
+        exiting non-zero, on a permanent one (docs/tasks-and-workers.md
+        "Outcomes").
+
+    Attributes
+    ----------
+    permanent
+        As the parameter.
+    """
+
+    def __init__(self, message: str = "", *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent

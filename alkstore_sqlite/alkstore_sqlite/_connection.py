@@ -50,6 +50,10 @@ _SQLITE_LOCKED = 6
 _SQLITE_READONLY = 8
 _SQLITE_CANTOPEN = 14
 _SQLITE_NOTADB = 26
+_SQLITE_CORRUPT = 11
+# Failures no retry mends until someone steps in (EngineError.permanent): the
+# file cannot be written or opened, or is not (or no longer) a database.
+_PERMANENT = frozenset({_SQLITE_READONLY, _SQLITE_CANTOPEN, _SQLITE_NOTADB, _SQLITE_CORRUPT})
 # Pauses between retries of an operation that came back busy without
 # SQLite's own busy handler having waited (seconds).
 _RETRY_FIRST_S = 0.001
@@ -78,14 +82,18 @@ def engine_error(error: sqlite3.Error, path: str | None = None) -> EngineError:
     """
     code = getattr(error, "sqlite_errorcode", None)
     primary = None if code is None else code & 0xFF
+    permanent = primary in _PERMANENT
     if path is not None and primary in (_SQLITE_CANTOPEN, _SQLITE_READONLY):
-        return EngineError(f"SQLite error: {error}: {path!r} ({_file_problem(path)})")
+        return EngineError(
+            f"SQLite error: {error}: {path!r} ({_file_problem(path)})", permanent=permanent
+        )
     if path is not None and primary == _SQLITE_NOTADB:
         return EngineError(
             f"SQLite error: {error}: {path!r} (the file exists but is not an SQLite "
-            "database; the URL should name a new file or an alkstore database)"
+            "database; the URL should name a new file or an alkstore database)",
+            permanent=permanent,
         )
-    return EngineError(f"SQLite error: {error}")
+    return EngineError(f"SQLite error: {error}", permanent=permanent)
 
 
 def _file_problem(path: str) -> str:

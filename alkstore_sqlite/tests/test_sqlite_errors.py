@@ -104,6 +104,7 @@ def test_a_held_write_lock_times_out_as_an_engine_error(
         with pytest.raises(EngineError, match="locked") as caught:
             queue.enqueue(2)
         assert isinstance(caught.value.__cause__, sqlite3.OperationalError)
+        assert caught.value.permanent is False  # a held lock passes
         # Reads and empty-looking claims do not need the write lock.
         assert queue.stats().pending == 1
         assert queue.get_job(1) is not None
@@ -117,6 +118,7 @@ def test_unopenable_file_is_an_engine_error(tmp_path: Path) -> None:
     with pytest.raises(EngineError) as caught:
         SqliteStore(str(tmp_path / "missing-dir" / "x.db"))
     assert isinstance(caught.value.__cause__, sqlite3.Error)
+    assert caught.value.permanent is True
 
 
 def _open_error(path: Path) -> str:
@@ -140,6 +142,7 @@ def test_a_file_that_is_not_a_database_is_named(tmp_path: Path) -> None:
     with pytest.raises(EngineError) as caught:
         alkstore.open(f"sqlite:///{path}")
     assert isinstance(caught.value.__cause__, sqlite3.DatabaseError)
+    assert caught.value.permanent is True
     assert str(caught.value) == (
         f"SQLite error: file is not a database: {str(path)!r} (the file exists but is "
         "not an SQLite database; the URL should name a new file or an alkstore database)"
