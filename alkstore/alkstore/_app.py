@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from alkstore import _validation as v
+from alkstore._callbacks import check_runs_when_called
 from alkstore._options import QueueOpts
 from alkstore._outbox import Outbox, Send
 from alkstore._registry import DEFAULT_URL, URL_ENV
@@ -243,8 +244,10 @@ class App:
         Raises
         ------
         ValidationError
-            For a bad queue name or option, a name already registered, or
-            options that differ from those another task gave the same queue.
+            For a bad queue name or option, a name already registered,
+            options that differ from those another task gave the same queue,
+            or a function whose call does not run its body (``async def``, a
+            generator function: :func:`~alkstore._callbacks.check_runs_when_called`).
         """
         v.queue_name(queue)
         opts = self._check_queue_opts(queue_opts) if queue_opts else None
@@ -252,6 +255,7 @@ class App:
         def register(function: Callable[P, R]) -> Task[P, R]:
             if not callable(function):
                 raise ValidationError(f"a task must be callable, not {type(function).__name__}")
+            check_runs_when_called(function, "a task")
             task_name = default_task_name(function) if name is None else name
             if not isinstance(task_name, str) or not task_name:
                 raise ValidationError("a task name must be a non-empty str")
@@ -324,7 +328,8 @@ class App:
         ------
         ValidationError
             For a bad queue name or option, a queue that already has a relay
-            or tasks, or a ``send`` that is not callable.
+            or tasks, or a ``send`` that is not callable or whose call does
+            not run its body (``async def``, a generator function).
         """
         v.queue_name(queue)
         opts = self._check_queue_opts(queue_opts)
@@ -332,6 +337,7 @@ class App:
         def register(send: Send) -> Send:
             if not callable(send):
                 raise ValidationError(f"a relay must be callable, not {type(send).__name__}")
+            check_runs_when_called(send, "a relay's send")
             with self._lock:
                 if queue in self._relays:
                     raise ValidationError(f"queue {queue!r} already has a relay")

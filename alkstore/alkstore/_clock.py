@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
+from alkstore._callbacks import check_runs_when_called
 from alkstore._validation import aware_utc
 from alkstore.errors import ValidationError
 
@@ -32,11 +33,13 @@ def check_clock(clock: object) -> Clock | None:
     Raises
     ------
     ValidationError
-        If it is not callable or returns a naive datetime.
+        If it is not callable, is an ``async def`` (its call would return a
+        coroutine, not an instant), or returns a naive datetime.
     """
     if clock is None:
         return None
     if not callable(clock):
         raise ValidationError(f"clock must be callable, not {type(clock).__name__}")
+    check_runs_when_called(clock, "the clock")
     read_clock(clock)
     return clock

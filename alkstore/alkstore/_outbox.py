@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from alkstore import _validation as v
+from alkstore._callbacks import check_ran, check_runs_when_called
 from alkstore._heartbeat import Beat, Heartbeater
 from alkstore._outcome import describe_exception, retry_or_bury
 from alkstore.errors import ValidationError
@@ -117,7 +118,11 @@ class Outbox:
         Parameters
         ----------
         send
-            Called with each decoded message; raising means "not delivered".
+            Called with each decoded message; returning means delivered,
+            raising means "not delivered". A ``send`` whose call does not run
+            its body (``async def``, a generator function) is refused with
+            ``ValidationError``; one that returns an awaitable or a
+            generator anyway has not delivered: the message is retried.
             ``BaseException``\\ s other than ``Exception`` (``KeyboardInterrupt``)
             propagate; the unacked claims then lapse and are sent again.
         worker_id
@@ -153,6 +158,7 @@ class Outbox:
         batch_size = v.int_in_range(batch_size, "batch_size", 1, 10_000)
         if not callable(send):
             raise ValidationError("send must be callable")
+        check_runs_when_called(send, "send")
         handles = self._queue.claim_batch(worker_id, batch_size)
         if not handles:
             return 0, 0
@@ -170,7 +176,7 @@ class Outbox:
 
     def _send(self, send: Send, handle: JobHandle, beat: Beat, heartbeater: Heartbeater) -> bool:
         try:
-            send(handle.job.payload)
+            check_ran(send(handle.job.payload), send, "send")
         except Exception as exc:
             heartbeater.remove(beat)  # before the retry, which spends the claim
             retried = retry_or_bury(handle, describe_exception(exc))

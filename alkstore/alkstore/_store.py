@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from alkstore import _validation as v
 from alkstore._backoff import Rng
+from alkstore._callbacks import check_runs_when_called
 from alkstore._clock import Clock, check_clock, read_clock
 from alkstore._codec import JSON, EncodedPayload, encode_payload
 from alkstore._options import QueueOpts
@@ -56,8 +57,8 @@ class Store(abc.ABC):
     Raises
     ------
     ValidationError
-        For a clock that is not callable or returns a naive datetime, or an
-        ``rng`` without ``randint``.
+        For a clock that is not callable, is ``async def`` or returns a naive
+        datetime, or an ``rng`` without a plain ``randint``.
     """
 
     def __init__(self, *, clock: object = None, rng: object = None) -> None:
@@ -66,6 +67,7 @@ class Store(abc.ABC):
             rng = random.Random()
         if not callable(getattr(rng, "randint", None)):
             raise ValidationError("rng must have a randint(a, b) method, like random.Random")
+        check_runs_when_called(rng.randint, "rng.randint")  # type: ignore[attr-defined]
         self._rng: Rng = rng  # type: ignore[assignment]
         self._closed = False
         self._close_lock = threading.Lock()

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from alkstore import _validation as v
+from alkstore._callbacks import NotRunError, check_ran
 from alkstore._completer import Completer
 from alkstore._handle import MAX_ATTEMPTS_EXCEEDED, JobHandle
 from alkstore._heartbeat import Beat, Heartbeater
@@ -707,7 +708,9 @@ class Worker:
                 )
             else:
                 try:
-                    task.func(*call.args, **call.kwargs)
+                    check_ran(task.func(*call.args, **call.kwargs), task.func, "task")
+                except NotRunError as exc:  # its body never ran: no retry runs it (case 012)
+                    action, error = "fail", str(exc)
                 except Fail as exc:
                     action, error = "fail", exc.message
                 except Retry as exc:

@@ -141,6 +141,22 @@ class EngineOptionTests(ContractFixtures):
         with pytest.raises(ValidationError):
             self.open_store(alkstore_target, clock=clock)
 
+    def test_async_clock_and_rng_are_refused(self, alkstore_target: StoreTarget) -> None:
+        """Case 012's kind: an ``async def`` clock or ``randint`` would hand
+        back a coroutine, not an instant or a number."""
+
+        async def clock() -> datetime:
+            return T0
+
+        class AsyncRng:
+            async def randint(self, a: int, b: int) -> int:
+                return a
+
+        with pytest.raises(ValidationError, match="the clock must be a plain function"):
+            self.open_store(alkstore_target, clock=clock)
+        with pytest.raises(ValidationError, match=r"rng\.randint must be a plain function"):
+            self.open_store(alkstore_target, clock=ManualClock(), rng=AsyncRng())
+
     def test_clock_and_rng_are_used(self, open_store: StoreFactory) -> None:
         class AlwaysLow:
             def randint(self, a: int, b: int) -> int:

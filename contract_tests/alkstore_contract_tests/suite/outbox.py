@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import alkstore
 from alkstore import Outbox, Queue, QueueOpts, Store, ValidationError
 from alkstore_contract_tests._clock import ManualClock
 from alkstore_contract_tests._fixtures import (
@@ -209,6 +210,37 @@ class OutboxTests(ContractFixtures):
             outbox.relay_once("not callable", worker_id="relay")  # type: ignore[arg-type]
         assert sent == []
         assert (job(q, job_id).state, job(q, job_id).attempts) == ("pending", 0)
+
+    def test_a_send_whose_call_does_not_run_its_body_delivers_nothing(self, outbox: Outbox) -> None:
+        """Case 012: an ``async def`` ``send`` is refused by ``relay_once``,
+        ``relay`` and ``App.relay`` before anything is claimed; a plain one
+        that returns a coroutine anyway has not delivered: the message is
+        retried with that reason, not acked."""
+        q = outbox.queue
+        job_id = q.enqueue("m")
+        attempts: list[Any] = []
+
+        async def send(message: Any) -> None:
+            attempts.append(message)
+            raise ConnectionError("down")
+
+        with pytest.raises(ValidationError, match=r"send must be a plain function: .*send"):
+            outbox.relay_once(send, worker_id="relay")
+        with pytest.raises(ValidationError, match="send must be a plain function"):
+            outbox.relay(send, worker_id="relay", stop=threading.Event())
+        with pytest.raises(ValidationError, match="a relay's send must be a plain function"):
+            alkstore.App(store=q.store).relay("outbox.other")(send)
+        assert (job(q, job_id).state, job(q, job_id).attempts) == ("pending", 0)
+
+        def wrapper(message: Any) -> Any:
+            return send(message)  # a plain def that hands back the coroutine
+
+        assert outbox.relay_once(wrapper, worker_id="relay") == 0
+        assert attempts == []
+        retried = job(q, job_id)
+        assert (retried.state, retried.attempts) == ("pending", 1)
+        assert retried.last_error is not None
+        assert "returned a coroutine instead of running" in retried.last_error
 
     def test_relay_once_on_a_paused_queue_sends_nothing(self, outbox: Outbox) -> None:
         q = outbox.queue

@@ -337,6 +337,67 @@ class WorkerTests(EngineHarness):
         assert calls == ["run", "run"]
         assert queue.get_job(lost_id) is None
 
+    def test_a_task_whose_call_does_not_run_its_body_is_never_acked(
+        self, worker_apps: AppFactory, worker_clock: ManualClock
+    ) -> None:
+        """Case 012: an ``async def`` task, an async generator and a
+        generator function are refused where they are registered, naming
+        them; a plain function that returns an awaitable or a generator
+        anyway (a plain def around an ``async def``) has not run its body: its
+        job is dead-lettered with that reason, never acked, and the body
+        never runs."""
+        app = worker_apps(clock=worker_clock)
+        ran: list[str] = []
+
+        async def fetch(url: str) -> None:
+            ran.append(url)
+            raise RuntimeError("ran")
+
+        async def stream() -> Any:
+            yield 1
+
+        def produce() -> Any:
+            ran.append("generator")
+            yield 1
+
+        class Callable_:
+            async def __call__(self) -> None:
+                ran.append("call")
+
+        for function, kind in (
+            (fetch, "coroutine"),
+            (stream, "async generator"),
+            (produce, "generator"),
+            (Callable_(), "coroutine"),
+        ):
+            with pytest.raises(
+                ValidationError, match=rf"a task must be a plain function: .* {kind}"
+            ):
+                app.task(queue=QUEUE, name=f"refused_{kind}")(function)
+        assert not {name for name in app.tasks if name.startswith("refused_")}
+
+        def fetch_later(url: str) -> Any:
+            return fetch(url)  # plain defs that hand back what would run later
+
+        def produce_later() -> Any:
+            return produce()
+
+        wrapped = app.task(queue=QUEUE, name="wrapped")(fetch_later)
+        yielding = app.task(queue=QUEUE, name="yielding")(produce_later)
+        queue = app.queue(QUEUE)
+        coroutine_job = wrapped.enqueue("x")
+        generator_job = yielding.enqueue()
+        counts = app.worker(handle_signals=False).run(burst=True)
+
+        assert counts == WorkerCounts(dead=2)
+        assert ran == []
+        for job_id, kind in ((coroutine_job, "coroutine"), (generator_job, "generator")):
+            dead = queue.get_job(job_id)
+            assert dead is not None
+            assert (dead.state, dead.attempts) == ("dead", 1)
+            assert dead.last_error is not None
+            assert f"returned a {kind} instead of running" in dead.last_error
+
     def test_task_payload_and_per_job_options(
         self, worker_apps: AppFactory, worker_clock: ManualClock, worker_log_dir: str
     ) -> None:
