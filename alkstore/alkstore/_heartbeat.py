@@ -19,9 +19,10 @@ import time
 from collections.abc import Callable
 
 from alkstore._handle import JobHandle
-from alkstore.errors import StoreClosedError
+from alkstore._lease import Lease, gone_while_held, store_now
+from alkstore.errors import EngineError, StoreClosedError
 
-__all__ = ["HEARTBEAT_FRACTION", "Beat", "Heartbeater"]
+__all__ = ["HEARTBEAT_FRACTION", "Heartbeater"]
 
 log = logging.getLogger("alkstore.worker")
 
@@ -30,33 +31,6 @@ HEARTBEAT_FRACTION = 1 / 3
 #: After a heartbeat raised (say, the database is briefly unreachable), the
 #: next try comes this much sooner than a regular beat, at most.
 _RETRY_AFTER_ERROR_S = 1.0
-
-
-class Beat:
-    """One running job's heartbeat schedule.
-
-    Attributes
-    ----------
-    handle
-        The job's claim.
-    interval_s
-        Seconds between beats: the job's visibility timeout times
-        :data:`HEARTBEAT_FRACTION`.
-    next_at
-        When the next beat is due, on the heartbeater's monotonic clock.
-    lost
-        Set when a heartbeat was refused while the job still ran: its claim
-        lapsed or was cancelled, and another worker may run it too.
-    """
-
-    __slots__ = ("done", "handle", "interval_s", "lost", "next_at")
-
-    def __init__(self, handle: JobHandle, interval_s: float, next_at: float) -> None:
-        self.handle = handle
-        self.interval_s = interval_s
-        self.next_at = next_at
-        self.lost = False
-        self.done = False
 
 
 class Heartbeater:
@@ -72,12 +46,22 @@ class Heartbeater:
         The thread's name.
     monotonic
         The clock for the schedule, seconds; injectable for tests.
+    on_permanent
+        Called (on the heartbeat thread) with each heartbeat failure that is
+        a permanent :class:`~alkstore.errors.EngineError`: the worker stops
+        on it.
     """
 
-    def __init__(self, name: str, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        name: str,
+        monotonic: Callable[[], float] = time.monotonic,
+        on_permanent: Callable[[EngineError], None] | None = None,
+    ) -> None:
         self._name = name
         self._monotonic = monotonic
-        self._beats: set[Beat] = set()
+        self._on_permanent = on_permanent
+        self._beats: set[Lease] = set()
         self._cond = threading.Condition(threading.Lock())
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -87,11 +71,21 @@ class Heartbeater:
         self._wake_at = math.inf
         self._changed = False
 
-    def add(self, handle: JobHandle) -> Beat:
+    def add(self, handle: JobHandle, claimed: float | None = None) -> Lease:
         """Start heartbeating ``handle``; the first beat is due one interval
-        after now."""
+        after now.
+
+        Parameters
+        ----------
+        claimed
+            The monotonic instant just before the claim was made (default
+            now): the lease is known to hold for one visibility timeout
+            from then.
+        """
+        now = self._monotonic()
         interval = handle.visibility_timeout_s * HEARTBEAT_FRACTION
-        beat = Beat(handle, interval, self._monotonic() + interval)
+        start = now if claimed is None else claimed
+        beat = Lease(handle, interval, now + interval, start + handle.visibility_timeout_s)
         with self._cond:
             self._beats.add(beat)
             if beat.next_at < self._wake_at:
@@ -99,7 +93,7 @@ class Heartbeater:
                 self._cond.notify()
         return beat
 
-    def remove(self, beat: Beat) -> None:
+    def remove(self, beat: Lease) -> None:
         """Stop heartbeating: the job's outcome is being recorded."""
         beat.done = True
         with self._cond:
@@ -118,11 +112,13 @@ class Heartbeater:
         with self._cond:
             due = [beat for beat in self._beats if beat.next_at <= now and not beat.lost]
         for beat in due:
+            sent = self._monotonic()
+            sent_at = store_now(beat.handle)
             try:
                 took = beat.handle.heartbeat()
             except StoreClosedError:
                 raise
-            except Exception:
+            except Exception as error:
                 log.warning(
                     "heartbeat of job %s of %r failed; trying again",
                     beat.handle.id,
@@ -130,17 +126,33 @@ class Heartbeater:
                     exc_info=True,
                 )
                 beat.next_at = now + min(beat.interval_s, _RETRY_AFTER_ERROR_S)
+                if (
+                    isinstance(error, EngineError)
+                    and error.permanent
+                    and self._on_permanent is not None
+                ):
+                    self._on_permanent(error)
                 continue
             if took:
+                beat.renewed(sent, sent_at)
                 beat.next_at = now + beat.interval_s
             elif not beat.done:
+                beat.cancelled = gone_while_held(beat, sent)
                 beat.lost = True
-                log.warning(
-                    "job %s of %r lost its claim while running (it lapsed or was "
-                    "cancelled); another worker may run it again",
-                    beat.handle.id,
-                    beat.handle.queue,
-                )
+                if beat.cancelled:
+                    log.info(
+                        "job %s of %r was cancelled while running; its handler runs on, "
+                        "and its outcome will not be recorded",
+                        beat.handle.id,
+                        beat.handle.queue,
+                    )
+                else:
+                    log.warning(
+                        "job %s of %r lost its claim while running (it lapsed and may "
+                        "have been reclaimed); another worker may run it again",
+                        beat.handle.id,
+                        beat.handle.queue,
+                    )
         with self._cond:
             pending = [beat.next_at for beat in self._beats if not beat.lost]
         return max(0.0, min(pending) - self._monotonic()) if pending else math.inf

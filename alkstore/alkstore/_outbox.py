@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 from alkstore import _validation as v
 from alkstore._callbacks import check_ran, check_runs_when_called
-from alkstore._heartbeat import Beat, Heartbeater
+from alkstore._heartbeat import Heartbeater
+from alkstore._lease import Lease, write_while_held
 from alkstore._outcome import describe_exception, retry_or_bury
-from alkstore.errors import ValidationError
+from alkstore.errors import EngineError, ValidationError
 
 if TYPE_CHECKING:
-    from alkstore._handle import JobHandle
     from alkstore._queue import Queue
 
 __all__ = ["DEFAULT_RELAY_BATCH", "Outbox", "Send"]
@@ -113,7 +113,9 @@ class Outbox:
         Until its ack or retry, every claimed message is heartbeaten from a
         background thread every third of its visibility timeout, as a
         worker's jobs are, so a slow ``send`` does not let the batch lapse
-        and be handed out again.
+        and be handed out again; an ack or retry that fails on an error
+        that may pass is tried again while the claims hold
+        (:func:`~alkstore._lease.write_while_held`).
 
         Parameters
         ----------
@@ -159,41 +161,70 @@ class Outbox:
         if not callable(send):
             raise ValidationError("send must be callable")
         check_runs_when_called(send, "send")
+        claimed = time.monotonic()
         handles = self._queue.claim_batch(worker_id, batch_size)
         if not handles:
             return 0, 0
-        beats = [heartbeater.add(handle) for handle in handles]
-        done: list[int] = []
+        leases = [heartbeater.add(handle, claimed) for handle in handles]
+        done: list[Lease] = []
         try:
-            for handle, beat in zip(handles, beats, strict=True):
-                if self._send(send, handle, beat, heartbeater):
-                    done.append(handle.id)
+            for lease in leases:
+                if self._send(send, lease, heartbeater):
+                    done.append(lease)
         finally:
-            for beat in beats:
-                heartbeater.remove(beat)
-            self._ack(done)
+            try:
+                self._ack(done)  # still heartbeaten meanwhile
+            finally:
+                for lease in leases:
+                    heartbeater.remove(lease)
         return len(handles), len(done)
 
-    def _send(self, send: Send, handle: JobHandle, beat: Beat, heartbeater: Heartbeater) -> bool:
+    def _send(self, send: Send, lease: Lease, heartbeater: Heartbeater) -> bool:
+        handle = lease.handle
         try:
             check_ran(send(handle.job.payload), send, "send")
         except Exception as exc:
-            heartbeater.remove(beat)  # before the retry, which spends the claim
-            retried = retry_or_bury(handle, describe_exception(exc))
-            log.warning(
-                "outbox %r: sending message %d failed (attempt %d of %d)%s: %s",
-                self._queue.name,
-                handle.id,
-                handle.job.attempts,
-                handle.job.max_attempts,
-                "" if retried else ", and its claim had lapsed",
-                exc,
+            lease.done = True  # a heartbeat refused from now on is the retry's doing
+            error = describe_exception(exc)
+            retried = write_while_held(
+                lambda: retry_or_bury(handle, error),
+                [lease],
+                f"retrying message {handle.id} of outbox {self._queue.name!r}",
             )
+            heartbeater.remove(lease)
+            if retried and handle.attempts >= handle.max_attempts:
+                log.error(
+                    "outbox %r: message %d is dead after %d attempt(s), its last send failing: %s",
+                    self._queue.name,
+                    handle.id,
+                    handle.attempts,
+                    exc,
+                )
+            else:
+                log.warning(
+                    "outbox %r: sending message %d failed (attempt %d of %d)%s: %s",
+                    self._queue.name,
+                    handle.id,
+                    handle.attempts,
+                    handle.max_attempts,
+                    "" if retried else ", and its claim had lapsed",
+                    exc,
+                )
             return False
         return True
 
-    def _ack(self, ids: list[int]) -> None:
-        if ids and self._queue.ack_batch(ids) < len(ids):
+    def _ack(self, leases: list[Lease]) -> None:
+        if not leases:
+            return
+        for lease in leases:
+            lease.done = True
+        ids = [lease.handle.id for lease in leases]
+        acked = write_while_held(
+            lambda: self._queue.ack_batch(ids),
+            leases,
+            f"acking {len(ids)} delivered message(s) of outbox {self._queue.name!r}",
+        )
+        if acked < len(ids):
             log.warning(
                 "outbox %r: some delivered messages could not be acked (claims lapsed); "
                 "they will be sent again",
@@ -231,7 +262,10 @@ class Outbox:
         ------
         StoreClosedError, ValidationError
             ``EngineError`` from a claim is logged and retried after the
-            poll interval instead.
+            poll interval instead, unless it is ``permanent``.
+        EngineError
+            A permanent one (the database cannot be written, SPEC §2
+            "Errors"): retrying could not help.
         """
         poll_s = v.duration_s(poll_interval_s, "poll_interval_s", positive=True)
         v.worker_id(worker_id)
@@ -248,8 +282,10 @@ class Outbox:
                         claimed, sent = self._relay_batch(send, worker_id, batch_size, heartbeater)
                     except ValidationError:
                         raise
-                    except Exception:
-                        if self._queue.store.closed:
+                    except Exception as exc:
+                        if self._queue.store.closed or (
+                            isinstance(exc, EngineError) and exc.permanent
+                        ):
                             raise
                         log.warning(
                             "outbox %r: relay failed; retrying", self._queue.name, exc_info=True

@@ -38,7 +38,8 @@ from alkstore import _validation as v
 from alkstore._callbacks import NotRunError, check_ran
 from alkstore._completer import Completer
 from alkstore._handle import MAX_ATTEMPTS_EXCEEDED, JobHandle
-from alkstore._heartbeat import Beat, Heartbeater
+from alkstore._heartbeat import Heartbeater
+from alkstore._lease import Lease, gone_while_held, write_while_held
 from alkstore._outbox import Send
 from alkstore._outcome import Fail, Retry, describe_exception, retry_or_bury
 from alkstore._pool import DaemonPool
@@ -46,7 +47,7 @@ from alkstore._scheduler import DEFAULT_TICK_INTERVAL_S, Scheduler
 from alkstore._signals import stop_signals
 from alkstore._sweeper import DEFAULT_SWEEP_INTERVAL_S, Sweeper
 from alkstore._task import Task, parse_task_payload
-from alkstore.errors import StoreClosedError, ValidationError
+from alkstore.errors import EngineError, StoreClosedError, ValidationError
 
 if TYPE_CHECKING:
     from alkstore._app import App
@@ -88,8 +89,12 @@ _ACK_BACKLOG = 1000
 _ACK_CLOSE_TIMEOUT_S = 60.0
 _ACK_ABORT_TIMEOUT_S = 1.0
 
+#: A ``--burst`` worker whose claims failed this many rounds in a row (one
+#: round every :data:`_ERROR_PAUSE_S`) stops with the last error.
+_BURST_FAILED_ROUNDS = 3
+
 #: How a job ended, as logged and counted.
-Outcome = Literal["succeeded", "retried", "dead", "lost"]
+Outcome = Literal["succeeded", "retried", "dead", "lost", "cancelled"]
 
 
 class _Finished(NamedTuple):
@@ -98,7 +103,7 @@ class _Finished(NamedTuple):
     handle: JobHandle
     task_name: str
     duration_s: float
-    beat: Beat
+    lease: Lease
 
 
 @dataclass
@@ -127,19 +132,28 @@ class WorkerCounts(NamedTuple):
         payload, or a retry at its ``max_attempts``.
     lost
         The outcome could not be recorded because the claim was no longer
-        this worker's (it lapsed, was reclaimed or cancelled) or the store
-        failed; the job runs again elsewhere or already did.
+        this worker's (it lapsed and may have been reclaimed) or the store
+        failed past the claim's lapse; the job runs again elsewhere or
+        already did.
+    cancelled
+        The job was cancelled (``Queue.cancel``) while its handler ran, so
+        its outcome was not recorded (nothing is left to record it on).
+    relayed
+        Messages the worker's outbox relays delivered (not jobs: not in
+        :attr:`total`).
     """
 
     succeeded: int = 0
     retried: int = 0
     dead: int = 0
     lost: int = 0
+    cancelled: int = 0
+    relayed: int = 0
 
     @property
     def total(self) -> int:
         """Every job whose handler finished."""
-        return self.succeeded + self.retried + self.dead + self.lost
+        return self.succeeded + self.retried + self.dead + self.lost + self.cancelled
 
 
 def _default_worker_id() -> str:
@@ -286,6 +300,10 @@ class Worker:
             raise ValidationError("handle_signals must be a bool")
         self._handle_signals = handle_signals
         self._relay_stop = threading.Event()
+        # Set by the second signal: writes on held jobs stop being retried.
+        self._abort = threading.Event()
+        # The permanent error that stops the run; run() raises it at the end.
+        self._fatal: BaseException | None = None
 
         # One re-entrant lock for the loop's state: the signal handler runs in
         # the main thread, possibly while that thread holds it.
@@ -296,9 +314,11 @@ class Worker:
         self._woken = False
         self._running: dict[int, JobHandle] = {}
         self._tokens = itertools.count()
-        self._counts: dict[Outcome, int] = dict.fromkeys(WorkerCounts._fields, 0)  # type: ignore[arg-type]
+        self._counts: dict[str, int] = dict.fromkeys(WorkerCounts._fields, 0)
         self._tasks: dict[str, Task[Any, Any]] = {}
-        self._heartbeater = Heartbeater(f"alkstore-heartbeat-{self._worker_id}")
+        self._heartbeater = Heartbeater(
+            f"alkstore-heartbeat-{self._worker_id}", on_permanent=self._give_up
+        )
         self._queues_by_name: dict[str, Queue] = {}
         self._completer: Completer[_Finished] = Completer(
             self._flush_acks,
@@ -371,7 +391,28 @@ class Worker:
             else:
                 log.warning("%s received again: leaving running jobs to lapse", name)
                 self._aborting = True
+                self._abort.set()
             self._cond.notify_all()
+
+    def _give_up(self, error: BaseException) -> None:
+        """Stop because of ``error``, which retrying cannot mend (a permanent
+        :class:`~alkstore.errors.EngineError`): claim nothing more, let
+        running jobs finish within the grace period; :meth:`run` then raises
+        it. The first such error wins."""
+        self._relay_stop.set()
+        with self._cond:
+            first = self._fatal is None
+            if first:
+                self._fatal = error
+            self._stopping = True
+            self._cond.notify_all()
+        if first:
+            log.error(
+                "worker %s stops: %s; running jobs have %.0f s to finish",
+                self._worker_id,
+                error,
+                self._grace_period_s,
+            )
 
     def run(self, burst: bool = False) -> WorkerCounts:
         """Work until stopped (or, with ``burst``, until no job is ready).
@@ -394,6 +435,13 @@ class Worker:
             If this worker already ran (a worker runs once).
         StoreClosedError
             If the app's store is closed while the worker runs.
+        EngineError
+            After stopping on a permanent one (``EngineError.permanent``: the
+            database file is read-only or was replaced, a privilege is
+            missing), or, with ``burst``, once claims failed
+            ``_BURST_FAILED_ROUNDS`` rounds in a row: retrying cannot help,
+            so the run ends (the command exits non-zero) instead of retrying
+            forever. Running jobs get the grace period first.
         UnknownEngineError, SchemaVersionError, EngineError, ValidationError
             If the app's store cannot be opened.
         """
@@ -457,16 +505,24 @@ class Worker:
                 sub.close()
         counts = self.counts
         log.info(
-            "worker %s stopped: %d succeeded, %d retried, %d dead, %d lost",
+            "worker %s stopped: %d succeeded, %d retried, %d dead, %d lost, %d cancelled%s",
             self._worker_id,
-            *counts,
+            counts.succeeded,
+            counts.retried,
+            counts.dead,
+            counts.lost,
+            counts.cancelled,
+            f"; relays delivered {counts.relayed} message(s)" if relays else "",
         )
+        if self._fatal is not None:
+            raise self._fatal
         return counts
 
     # -- the claim loop ------------------------------------------------------
 
     def _loop(self, queues: list[Queue], pool: DaemonPool, burst: bool) -> None:
         chores = self._chores()
+        failed_rounds = 0
         while True:
             next_chore = self._run_due(chores)
             with self._cond:
@@ -480,7 +536,16 @@ class Worker:
                 # Cleared before claiming, so a wake arriving during the claim
                 # keeps the flag set and the next wait returns at once.
                 self._woken = False
-            claimed, failed = self._claim_round(queues, free, pool)
+            claimed, error = self._claim_round(queues, free, pool)
+            failed = error is not None
+            failed_rounds = failed_rounds + 1 if failed and not claimed else 0
+            if burst and failed_rounds >= _BURST_FAILED_ROUNDS:
+                gave_up = EngineError(
+                    f"a burst worker's claims failed {failed_rounds} rounds in a row; "
+                    f"last error: {error}"
+                )
+                gave_up.__cause__ = error
+                self._give_up(gave_up)
             with self._cond:
                 if self._stop_requested():  # stop() may have run meanwhile
                     return
@@ -513,8 +578,7 @@ class Worker:
             )
         return chores
 
-    @staticmethod
-    def _run_due(chores: list[_Chore]) -> float:
+    def _run_due(self, chores: list[_Chore]) -> float:
         """Run the chores that are due; return when the next one is."""
         now = time.monotonic()
         for chore in chores:
@@ -523,35 +587,48 @@ class Worker:
                     chore.run()
                 except StoreClosedError:
                     raise
-                except Exception:
-                    log.exception("%s failed; trying again in %g s", chore.name, chore.interval_s)
+                except Exception as exc:
+                    if _permanent(exc):
+                        self._give_up(exc)
+                    else:
+                        log.exception(
+                            "%s failed; trying again in %g s", chore.name, chore.interval_s
+                        )
                 now = time.monotonic()
                 chore.next_at = now + chore.interval_s
         return min((chore.next_at for chore in chores), default=math.inf)
 
-    def _claim_round(self, queues: list[Queue], free: int, pool: DaemonPool) -> tuple[int, bool]:
-        claimed, failed = 0, False
+    def _claim_round(
+        self, queues: list[Queue], free: int, pool: DaemonPool
+    ) -> tuple[int, Exception | None]:
+        """Claim up to ``free`` jobs, queue by queue; return how many, and
+        the last error a claim raised (``None`` when none did)."""
+        claimed, failed = 0, None
         for queue in queues:
             want = free - claimed
             if want <= 0:
                 break
+            started = time.monotonic()
             try:
                 handles = queue.claim_batch(self._worker_id, want)
             except StoreClosedError:
                 raise
-            except Exception:
+            except Exception as exc:
+                failed = exc
+                if _permanent(exc):
+                    self._give_up(exc)
+                    break
                 log.exception("claiming from queue %r failed; retrying", queue.name)
-                failed = True
                 continue
             for handle in handles:
-                self._start(handle, pool)
+                self._start(handle, pool, started)
             claimed += len(handles)
         return claimed, failed
 
     def _relay(self, name: str, send: Send) -> None:
         """Run one outbox relay until the worker stops (docs/outbox.md)."""
         try:
-            self._app.outbox(name).relay(
+            delivered = self._app.outbox(name).relay(
                 send,
                 worker_id=self._worker_id,
                 stop=self._relay_stop,
@@ -559,8 +636,14 @@ class Worker:
             )
         except StoreClosedError:
             pass
-        except Exception:
-            log.exception("the relay of outbox %r stopped", name)
+        except Exception as exc:
+            if _permanent(exc):
+                self._give_up(exc)
+            else:
+                log.exception("the relay of outbox %r stopped", name)
+        else:
+            with self._cond:
+                self._counts["relayed"] += delivered
 
     def _listen(self, subscription: Subscription) -> None:
         while True:
@@ -571,7 +654,10 @@ class Worker:
                 woken = subscription.wait(min(self._poll_interval_s, _LISTEN_SLICE_S))
             except StoreClosedError:
                 return
-            except Exception:
+            except Exception as exc:
+                if _permanent(exc):
+                    self._give_up(exc)
+                    return
                 # SPEC §3: a subscription re-establishes itself; the loop's
                 # re-poll covers the gap meanwhile.
                 log.warning(
@@ -633,21 +719,21 @@ class Worker:
     # is left claimed and unheartbeaten: its claim lapses and it is
     # reclaimed (``lost``), as for a worker that died.
 
-    def _start(self, handle: JobHandle, pool: DaemonPool) -> None:
+    def _start(self, handle: JobHandle, pool: DaemonPool, claimed: float) -> None:
         token = next(self._tokens)
         with self._cond:
             self._running[token] = handle
-        beat: Beat | None = None
+        lease: Lease | None = None
         try:
-            beat = self._heartbeater.add(handle)
-            started_beat = beat
-            pool.submit(lambda: self._execute(token, handle, started_beat))
+            lease = self._heartbeater.add(handle, claimed)
+            started_lease = lease
+            pool.submit(lambda: self._execute(token, handle, started_lease))
         except Exception:
             log.exception(
                 "could not start job %s of %r; its claim is left to lapse", handle.id, handle.queue
             )
-            if beat is not None:
-                self._heartbeater.remove(beat)
+            if lease is not None:
+                self._heartbeater.remove(lease)
             self._finish(token, "lost")
 
     def _finish(self, token: int, outcome: Outcome | None) -> None:
@@ -660,10 +746,10 @@ class Worker:
             self._woken = True
             self._cond.notify_all()
 
-    def _execute(self, token: int, handle: JobHandle, beat: Beat) -> None:
+    def _execute(self, token: int, handle: JobHandle, lease: Lease) -> None:
         outcome: Outcome | None = "lost"
         try:
-            outcome = self._run_job(handle, beat)
+            outcome = self._run_job(handle, lease)
         except BaseException:
             log.exception(
                 "running job %s of %r failed inside the worker; its claim is left to lapse",
@@ -671,11 +757,11 @@ class Worker:
                 handle.queue,
             )
         finally:
-            if outcome is not None:  # else the completer owns the beat now
-                self._heartbeater.remove(beat)
+            if outcome is not None:  # else the completer owns the lease now
+                self._heartbeater.remove(lease)
             self._finish(token, outcome)
 
-    def _run_job(self, handle: JobHandle, beat: Beat) -> Outcome | None:
+    def _run_job(self, handle: JobHandle, lease: Lease) -> Outcome | None:
         """Run one job's handler and record its outcome; return it, or
         ``None`` when the job succeeded and was handed to the completer."""
         started = time.monotonic()
@@ -718,18 +804,20 @@ class Worker:
                 except BaseException as exc:
                     action, error, exc_info = "retry", describe_exception(exc), exc
         duration_s = time.monotonic() - started
-        if action == "ack" and self._completer.add(_Finished(handle, task_name, duration_s, beat)):
+        if action == "ack" and self._completer.add(_Finished(handle, task_name, duration_s, lease)):
             return None  # still heartbeaten until the completer's flush
-        self._heartbeater.remove(beat)
+        # Heartbeaten until the outcome is written, which a passing fault
+        # may hold up (case 015); a heartbeat refused from now on is the
+        # write's doing, not a lost claim.
+        lease.done = True
+        writing = time.monotonic()
         try:
-            if action == "ack":
-                took = handle.ack()
-            elif action == "retry":
-                took = retry_or_bury(
-                    handle, error if error is not None else "retry requested", delay_s
-                )
-            else:
-                took = handle.fail(error)
+            took = write_while_held(
+                lambda: self._write_outcome(handle, action, error, delay_s),
+                [lease],
+                f"recording the outcome of job {handle.id} of {handle.queue!r}",
+                stop=self._abort,
+            )
         except StoreClosedError:
             log.warning(
                 "the store closed before the outcome of job %s of %r was recorded; "
@@ -738,16 +826,23 @@ class Worker:
                 handle.queue,
             )
             took = False
-        except Exception:
+        except Exception as exc:
+            if _permanent(exc):
+                self._give_up(exc)
             log.exception(
                 "recording the outcome of job %s of %r failed; its claim is left to lapse",
                 handle.id,
                 handle.queue,
             )
             took = False
+        else:
+            if not took and (lease.cancelled or gone_while_held(lease, writing)):
+                lease.cancelled = True
+        finally:
+            self._heartbeater.remove(lease)
         outcome: Outcome
         if not took:
-            outcome = "lost"
+            outcome = "cancelled" if lease.cancelled else "lost"
         elif action == "ack":
             outcome = "succeeded"
         elif action == "fail" or handle.attempts >= handle.max_attempts:
@@ -768,6 +863,16 @@ class Worker:
             log.exception("logging the outcome of job %s of %r failed", handle.id, handle.queue)
         return outcome
 
+    @staticmethod
+    def _write_outcome(
+        handle: JobHandle, action: str, error: str | None, delay_s: float | None
+    ) -> bool:
+        if action == "ack":
+            return handle.ack()
+        if action == "retry":
+            return retry_or_bury(handle, error if error is not None else "retry requested", delay_s)
+        return handle.fail(error)
+
     def _flush_acks(self, batch: list[_Finished]) -> None:
         """The completer's flush: one ``ack_batch`` per queue, then each job's
         outcome logged and counted."""
@@ -779,17 +884,31 @@ class Worker:
                 self._ack_queue_batch(name, items)
             finally:
                 for item in items:
-                    self._heartbeater.remove(item.beat)
+                    self._heartbeater.remove(item.lease)
 
     def _ack_queue_batch(self, name: str, items: list[_Finished]) -> None:
         ids = [item.handle.id for item in items]
-        for item in items:
+        leases = [item.lease for item in items]
+        for lease in leases:
             # A beat refused from now on is the ack's doing, not a lost claim.
-            item.beat.done = True
+            lease.done = True
+        attempts = 0
+
+        def ack(queue: Queue) -> int:
+            nonlocal attempts
+            attempts += 1
+            return queue.ack_batch(ids)
+
+        writing = time.monotonic()
         acked: int | None
         try:
             queue = self._queues_by_name.get(name) or self._app.queue(name)
-            acked = queue.ack_batch(ids)
+            acked = write_while_held(
+                lambda: ack(queue),
+                leases,
+                f"acking {len(ids)} finished job(s) of {name!r}",
+                stop=self._abort,
+            )
         except StoreClosedError:
             log.warning(
                 "the store closed before %d finished job(s) of %r were acked; "
@@ -798,7 +917,9 @@ class Worker:
                 name,
             )
             queue, acked = None, None
-        except Exception:
+        except Exception as exc:
+            if _permanent(exc):
+                self._give_up(exc)
             log.exception(
                 "acking %d finished job(s) of %r failed; their claims are left to lapse",
                 len(ids),
@@ -812,10 +933,12 @@ class Worker:
             name,
             extra={"queue": name, "acked": acked or 0, "batch": len(ids)},
         )
+        outcomes = self._ack_outcomes(queue, items, acked, writing, uncertain=attempts > 1)
+        cancelled = outcomes.count("cancelled")
         with self._cond:  # exact, whichever jobs the count covers
             self._counts["succeeded"] += acked or 0
-            self._counts["lost"] += len(ids) - (acked or 0)
-        outcomes = self._ack_outcomes(queue, items, acked)
+            self._counts["cancelled"] += cancelled
+            self._counts["lost"] += max(0, len(ids) - (acked or 0) - cancelled)
         for item, outcome in zip(items, outcomes, strict=True):
             try:
                 self._record(
@@ -830,22 +953,37 @@ class Worker:
             except Exception:
                 log.exception("logging the outcome of job %s of %r failed", item.handle.id, name)
 
+    @staticmethod
     def _ack_outcomes(
-        self, queue: Queue | None, items: list[_Finished], acked: int | None
+        queue: Queue | None,
+        items: list[_Finished],
+        acked: int | None,
+        writing: float,
+        *,
+        uncertain: bool,
     ) -> list[str]:
         """Which of a batch's jobs the ``ack_batch`` acked, as each one's
-        logged outcome: ``ack_batch`` only says how many (SPEC §3)."""
+        logged outcome: ``ack_batch`` only says how many (SPEC §3).
+
+        ``writing`` is the monotonic instant the ack began; ``uncertain``
+        says that an earlier try of it failed, so it may have taken effect
+        unseen."""
         if acked is None or queue is None:
             return ["lost"] * len(items)
         if acked == len(items):
             return ["succeeded"] * len(items)
         # Some were not acked. A job still in the store was not (its claim
-        # lapsed, or it was swept); one that is gone was acked by this batch
-        # unless it was removed before it (cancelled, or reclaimed, run and
-        # acked elsewhere): the count tells which, unless both kinds are gone.
+        # lapsed, or it was swept); one cancelled while it ran is known from
+        # its refused heartbeat. One that is otherwise gone was acked by
+        # this batch unless it was removed before it (cancelled, or
+        # reclaimed, run and acked elsewhere): the count tells which, unless
+        # both kinds are gone.
         outcomes: list[str] = []
         gone: list[int] = []
         for index, item in enumerate(items):
+            if item.lease.cancelled:
+                outcomes.append("cancelled")
+                continue
             try:
                 present = queue.get_job(item.handle.id) is not None
             except Exception:
@@ -854,13 +992,16 @@ class Worker:
             if not present:
                 gone.append(index)
         if acked == len(gone):
-            unresolved = "succeeded"
-        elif acked == 0:
-            unresolved = "lost"
+            for index in gone:
+                outcomes[index] = "succeeded"
+        elif acked == 0 and not uncertain:
+            # Gone before this batch: cancelled if its claim still held.
+            for index in gone:
+                held = items[index].lease.held_at(writing)
+                outcomes[index] = "cancelled" if held else "lost"
         else:
-            unresolved = "unknown"
-        for index in gone:
-            outcomes[index] = unresolved
+            for index in gone:
+                outcomes[index] = "unknown"
         return outcomes
 
     def _record(
@@ -874,7 +1015,9 @@ class Worker:
         duration_s: float,
         exc_info: BaseException | None,
     ) -> None:
-        level = {"succeeded": logging.INFO, "dead": logging.ERROR}.get(outcome, logging.WARNING)
+        level = {"succeeded": logging.INFO, "cancelled": logging.INFO, "dead": logging.ERROR}.get(
+            outcome, logging.WARNING
+        )
         if not log.isEnabledFor(level):
             return
         extra: dict[str, Any] = {
@@ -892,6 +1035,13 @@ class Worker:
         first_line = ("" if error is None else str(error)).split("\n", 1)[0]
         if outcome == "succeeded":
             log.info("%s", where, extra=extra)
+        elif outcome == "cancelled":
+            log.info(
+                "%s; it was cancelled while it ran, so its outcome (%s) was not recorded",
+                where,
+                action,
+                extra=extra,
+            )
         elif outcome == "unknown":
             log.warning(
                 "%s; the batch that acked it acked only some of its jobs, and this one "
@@ -903,7 +1053,7 @@ class Worker:
         elif outcome == "lost":
             log.warning(
                 "%s; its outcome (%s) was not recorded: the claim was no longer this "
-                "worker's (it lapsed, was reclaimed or was cancelled) or recording it failed",
+                "worker's (it lapsed and may have been reclaimed) or recording it failed",
                 where,
                 action,
                 extra=extra,
@@ -914,3 +1064,8 @@ class Worker:
             if action == "retry":
                 first_line = f"{MAX_ATTEMPTS_EXCEEDED}; last error: {first_line}"
             log.error("%s; %s", where, first_line or "failed", extra=extra, exc_info=exc_info)
+
+
+def _permanent(error: BaseException) -> bool:
+    """Whether ``error`` says that retrying cannot help (SPEC §2 "Errors")."""
+    return isinstance(error, EngineError) and error.permanent

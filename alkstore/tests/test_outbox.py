@@ -4,6 +4,7 @@ semantics on every engine are the contract's ``OutboxTests``."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -56,3 +57,54 @@ def test_a_closed_store_is_reported_before_bad_arguments(store: Store) -> None:
     store.close()
     with pytest.raises(alkstore.StoreClosedError):
         outbox.relay_once(print, worker_id="relay", batch_size=0)
+
+
+def test_a_message_that_dies_is_logged_as_dead(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 11: the relay says so, at ERROR, when a failed send spends a
+    message's last attempt; earlier failures stay warnings."""
+    queue = store.queue("outbox", QueueOpts(max_attempts=2, backoff_base_s=0))
+    outbox = Outbox(queue)
+    job_id = queue.enqueue("m")
+
+    def send(message: object) -> None:
+        raise ConnectionError("broker down")
+
+    with caplog.at_level(logging.WARNING, logger="alkstore.outbox"):
+        assert outbox.relay_once(send, worker_id="relay") == 0
+        assert outbox.relay_once(send, worker_id="relay") == 0
+    levels = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert levels == [
+        (
+            "WARNING",
+            f"outbox 'outbox': sending message {job_id} failed (attempt 1 of 2): broker down",
+        ),
+        (
+            "ERROR",
+            f"outbox 'outbox': message {job_id} is dead after 2 attempt(s), its last send "
+            "failing: broker down",
+        ),
+    ]
+    dead = queue.get_job(job_id)
+    assert dead is not None
+    assert dead.state == "dead"
+
+
+def test_a_permanent_error_ends_the_relay(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``relay`` retries a claim that failed on an error that may pass, and
+    raises one that is permanent instead of retrying it forever."""
+    queue = store.queue("outbox")
+    outbox = Outbox(queue)
+    calls: list[int] = []
+
+    def claim_batch(worker_id: str, n: int) -> list[alkstore.JobHandle]:
+        calls.append(n)
+        if len(calls) == 1:
+            raise alkstore.EngineError("database is locked")
+        raise alkstore.EngineError("the database file was replaced", permanent=True)
+
+    monkeypatch.setattr(queue, "claim_batch", claim_batch)
+    with pytest.raises(alkstore.EngineError, match="replaced"):
+        outbox.relay(print, worker_id="relay", poll_interval_s=0.01)
+    assert calls == [100, 100]

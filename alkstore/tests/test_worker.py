@@ -11,7 +11,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import pytest
 
 from alkstore import (
     App,
+    EngineError,
     Fail,
     JobHandle,
     Queue,
@@ -208,6 +209,67 @@ def test_a_closed_store_ends_the_run(app: App) -> None:
     assert isinstance(errors[0], StoreClosedError)
 
 
+def test_a_permanent_claim_error_stops_the_run_and_is_raised(
+    app: App, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 11: a worker whose claims fail with a permanent ``EngineError``
+    (an unwritable or replaced database) stops at once and ``run`` raises
+    it, so the command exits non-zero, instead of retrying forever; an error
+    that may pass is retried."""
+    app.task(queue="q", name="noop")(print)
+    queue = app.queue("q")
+    errors = [
+        EngineError("database is locked"),
+        EngineError("attempt to write a readonly database", permanent=True),
+    ]
+    calls: list[int] = []
+
+    def claim_batch(worker_id: str, n: int) -> list[JobHandle]:
+        calls.append(n)
+        raise errors[min(len(calls), 2) - 1]
+
+    monkeypatch.setattr(queue, "claim_batch", claim_batch)
+    monkeypatch.setattr(_worker, "_ERROR_PAUSE_S", 0.01)
+    worker = app.worker(handle_signals=False, tick_interval_s=None, sweep_interval_s=None)
+    with (
+        caplog.at_level(logging.ERROR, logger="alkstore.worker"),
+        pytest.raises(EngineError, match="readonly") as caught,
+    ):
+        worker.run()
+    assert caught.value is errors[1]
+    assert calls == [1, 1]
+    assert f"worker {worker.worker_id} stops: attempt to write a readonly database" in caplog.text
+
+
+def test_a_permanent_heartbeat_error_stops_the_run(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A running job's heartbeat failing permanently stops the worker too:
+    the running job finishes within the grace period, then ``run`` raises."""
+    started = threading.Event()
+    finish = threading.Event()
+
+    @app.task(queue="q", name="long", visibility_timeout_s=0.3)
+    def long() -> None:
+        started.set()
+        assert finish.wait(WAIT_S)
+
+    long.enqueue()
+    worker = app.worker(handle_signals=False, poll_interval_s=0.05)
+    broken = EngineError("the database file was replaced", permanent=True)
+
+    def heartbeat(self: JobHandle, extend: object = None) -> bool:
+        finish.set()
+        raise broken
+
+    monkeypatch.setattr(JobHandle, "heartbeat", heartbeat)
+    with pytest.raises(EngineError) as caught:
+        worker.run()
+    assert caught.value is broken
+    assert started.is_set()
+    assert worker.counts == WorkerCounts(succeeded=1)
+
+
 # -- signals -----------------------------------------------------------------
 
 
@@ -296,6 +358,7 @@ class FakeHandle:
 
     def __init__(self, visibility_timeout_s: float, answers: list[Any]) -> None:
         self.visibility_timeout_s = visibility_timeout_s
+        self.claim_deadline = datetime.max.replace(tzinfo=UTC)
         self.id = 1
         self.queue = "q"
         self._answers = answers
@@ -792,7 +855,11 @@ def test_a_batch_ack_short_of_a_job_removed_meanwhile_counts_exactly(
     assert app.queue("q").stats().processing == 0
 
 
-def test_a_lone_job_removed_meanwhile_is_lost(app: App, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_lone_job_cancelled_while_it_runs_is_counted_cancelled(
+    app: App, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its ack finds nothing while its claim still held: it was cancelled,
+    not lost (issue 11: a cancel was logged as "lost")."""
     own: list[int] = []
 
     @app.task(queue="q", name="self_cancel")
@@ -803,6 +870,38 @@ def test_a_lone_job_removed_meanwhile_is_lost(app: App, caplog: pytest.LogCaptur
     own.append(job_id)
     with caplog.at_level(logging.INFO, logger="alkstore.worker"):
         counts = app.worker(handle_signals=False).run(burst=True)
-    assert counts == WorkerCounts(lost=1)
+    assert counts == WorkerCounts(cancelled=1)
     outcomes = {r.job_id: r.outcome for r in caplog.records if hasattr(r, "outcome")}  # type: ignore[attr-defined]
-    assert outcomes == {job_id: "lost"}
+    assert outcomes == {job_id: "cancelled"}
+    assert "it was cancelled while it ran, so its outcome (ack) was not recorded" in caplog.text
+
+
+def test_a_job_cancelled_while_it_runs_is_seen_by_its_heartbeat(
+    app: App, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its heartbeat is refused while the claim held and the job is gone:
+    the log says it was cancelled, not that its claim was lost, and the
+    outcome is counted ``cancelled``."""
+    started = threading.Event()
+    finish = threading.Event()
+
+    @app.task(queue="q", name="long", visibility_timeout_s=0.3)
+    def long() -> None:
+        started.set()
+        assert finish.wait(WAIT_S)
+
+    job_id = long.enqueue()
+    worker = app.worker(handle_signals=False, poll_interval_s=0.05)
+    result: list[WorkerCounts] = []
+    thread = threading.Thread(target=lambda: result.append(worker.run(burst=True)))
+    with caplog.at_level(logging.INFO, logger="alkstore.worker"):
+        thread.start()
+        assert started.wait(WAIT_S)
+        assert app.queue("q").cancel(job_id)
+        wait_until(lambda: "cancelled while running" in caplog.text, "the refused heartbeat")
+        finish.set()
+        thread.join(WAIT_S)
+    assert result == [WorkerCounts(cancelled=1)]
+    assert "lost its claim" not in caplog.text
+    outcomes = {r.job_id: r.outcome for r in caplog.records if hasattr(r, "outcome")}  # type: ignore[attr-defined]
+    assert outcomes == {job_id: "cancelled"}

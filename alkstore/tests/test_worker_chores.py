@@ -5,6 +5,7 @@ with the store's time from a ManualClock."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sqlite3
@@ -355,7 +356,7 @@ def test_a_relay_delivers_committed_messages_and_retries_a_failed_send(
         wait_until(lambda: tuple(outbox.stats()) == (0, 0, 0, 0), "the acks")
         counts = running.stop()
     assert relay_threads() == []  # the relay stopped with the worker
-    assert counts == WorkerCounts()  # messages are not task jobs
+    assert counts == WorkerCounts(relayed=2)  # messages are not task jobs
     assert sent == [{"n": 1, "flaky": False}, {"n": 2, "flaky": True}]  # never n=0
     assert failed_once == [{"n": 2, "flaky": True}]
     assert (outbox.get_job(first), outbox.get_job(second)) == (None, None)
@@ -416,17 +417,24 @@ def test_relays_false_runs_no_relay(app: App, path: Path) -> None:
         only_relay.worker(relays=False)
 
 
-def test_an_app_with_only_a_relay_runs_a_worker(relay_app: App, path: Path) -> None:
+def test_an_app_with_only_a_relay_runs_a_worker(
+    relay_app: App, path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     app = relay_app
     sent: list[object] = []
     app.relay("outbox.x")(sent.append)
     worker = app.worker(sweep_interval_s=None, tick_interval_s=None, **FAST)
     assert worker.queues == []
     _ = app.store
-    with Running(worker) as running:
+    with caplog.at_level(logging.INFO, logger="alkstore.worker"), Running(worker) as running:
         add_message(path, app, "outbox.x", {"hello": "world"}, commit=True)
         wait_until(lambda: sent == [{"hello": "world"}], "the message")
-        assert running.stop() == WorkerCounts()
+        assert running.stop() == WorkerCounts(relayed=1)
+    # The stop summary counts what the relays delivered (issue 11).
+    assert (
+        f"worker {worker.worker_id} stopped: 0 succeeded, 0 retried, 0 dead, 0 lost, "
+        "0 cancelled; relays delivered 1 message(s)"
+    ) in caplog.text
     assert relay_threads() == []
     # A burst run has no relays and no queues: it returns at once.
     assert app.worker(**FAST).run(burst=True) == WorkerCounts()

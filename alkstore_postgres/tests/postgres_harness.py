@@ -21,6 +21,7 @@ from alkstore_contract_tests.harness import EngineHarness, StoreTarget
 __all__ = ["PostgresHarness"]
 
 _FAULT_FUNCTION = "alkstore_test_dead_insert_fails"
+_WRITE_FAULT_FUNCTION = "alkstore_test_job_write_fails"
 
 
 class PostgresHarness(EngineHarness):
@@ -76,4 +77,32 @@ class PostgresHarness(EngineHarness):
                 yield
             finally:
                 conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(trigger, dead))
+                conn.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(function))
+
+    @contextlib.contextmanager
+    def job_writes_fail(self, target: StoreTarget) -> Iterator[None]:
+        """A trigger makes every update and delete of the store's ``jobs``
+        table raise ``lock_not_available`` (55P03), an error that passes."""
+        schema = target.options["schema"]
+        function = sql.Identifier(schema, _WRITE_FAULT_FUNCTION)
+        jobs = sql.Identifier(schema, "jobs")
+        trigger = sql.Identifier(_WRITE_FAULT_FUNCTION)
+        with psycopg.connect(target.url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL(
+                    "CREATE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS "
+                    "$$ BEGIN RAISE EXCEPTION 'injected job-write failure' "
+                    "USING ERRCODE = 'lock_not_available'; END $$"
+                ).format(function)
+            )
+            conn.execute(
+                sql.SQL(
+                    "CREATE TRIGGER {} BEFORE UPDATE OR DELETE ON {} "
+                    "FOR EACH ROW EXECUTE FUNCTION {}()"
+                ).format(trigger, jobs, function)
+            )
+            try:
+                yield
+            finally:
+                conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(trigger, jobs))
                 conn.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(function))

@@ -21,6 +21,7 @@ __all__ = ["SqliteHarness"]
 # Seconds the application's connection waits for alkstore's write lock.
 _APP_TIMEOUT_S = 30.0
 _FAULT_TRIGGER = "_alkstore_test_dead_insert_fails"
+_WRITE_FAULT_TRIGGERS = ("_alkstore_test_job_update_fails", "_alkstore_test_job_delete_fails")
 
 
 class SqliteHarness(EngineHarness):
@@ -58,5 +59,24 @@ class SqliteHarness(EngineHarness):
                 yield
             finally:
                 conn.execute(f"DROP TRIGGER IF EXISTS {_FAULT_TRIGGER}")
+        finally:
+            conn.close()
+
+    @contextlib.contextmanager
+    def job_writes_fail(self, target: StoreTarget) -> Iterator[None]:
+        """Every update and delete of ``_alkstore_jobs`` aborts while inside
+        (SQLITE_CONSTRAINT: not a permanent error)."""
+        conn = sqlite3.connect(parse_url(target.url), isolation_level=None, timeout=_APP_TIMEOUT_S)
+        try:
+            for trigger, event in zip(_WRITE_FAULT_TRIGGERS, ("UPDATE", "DELETE"), strict=True):
+                conn.execute(
+                    f"CREATE TRIGGER {trigger} BEFORE {event} ON _alkstore_jobs "
+                    "BEGIN SELECT RAISE(ABORT, 'injected job-write failure'); END"
+                )
+            try:
+                yield
+            finally:
+                for trigger in _WRITE_FAULT_TRIGGERS:
+                    conn.execute(f"DROP TRIGGER IF EXISTS {trigger}")
         finally:
             conn.close()

@@ -99,3 +99,13 @@ class EngineHarness:
         atomic (handed case 011)."""
         pytest.skip("this engine's harness cannot inject dead-letter faults")
         yield  # type: ignore[unreachable]  # pragma: no cover
+
+    @contextlib.contextmanager
+    def job_writes_fail(self, target: StoreTarget) -> Iterator[None]:
+        """While inside, every update or delete of the engine's live job
+        rows raises in the database (a trigger) with an error that may pass,
+        so that every write on a held job (ack, ``ack_batch``, retry, fail,
+        heartbeat) and every claim fails with a non-permanent
+        ``EngineError``; on leaving, they work again (handed case 015)."""
+        pytest.skip("this engine's harness cannot inject job-write faults")
+        yield  # type: ignore[unreachable]  # pragma: no cover

@@ -17,6 +17,7 @@ the tests skip without it).
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import signal
@@ -397,6 +398,82 @@ class WorkerTests(EngineHarness):
             assert (dead.state, dead.attempts) == ("dead", 1)
             assert dead.last_error is not None
             assert f"returned a {kind} instead of running" in dead.last_error
+
+    def test_writes_on_held_jobs_are_retried_through_a_passing_fault(
+        self,
+        alkstore_target: StoreTarget,
+        worker_apps: AppFactory,
+        worker_clock: ManualClock,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        """Case 015: while every write on the live jobs fails with an error
+        that may pass (the harness's ``job_writes_fail``), finished jobs'
+        ack, retry and fail are tried again while their claims hold, and
+        land once the fault passes: each job ran once and ends as its
+        handler said, nothing is counted lost."""
+        app = worker_apps(clock=worker_clock)
+        gate = threading.Event()
+        ran: list[str] = []
+
+        @app.task(queue=QUEUE, name="held")
+        def held(outcome: str) -> None:
+            assert gate.wait(WAIT_S)
+            ran.append(outcome)
+            if outcome == "raise":
+                raise RuntimeError("boom")
+            if outcome == "fail":
+                raise Fail("refused")
+
+        queue = app.queue(QUEUE)
+        ids = {outcome: held.enqueue(outcome) for outcome in ("ok", "ok2", "raise", "fail")}
+        worker = app.worker(concurrency=4, handle_signals=False, poll_interval_s=0.05)
+        with caplog.at_level(logging.INFO, logger="alkstore.worker"):
+            running = RunningWorker(worker, burst=True)
+            wait_until(lambda: worker.running == 4, "the four jobs to start")
+            with self.job_writes_fail(alkstore_target):
+                gate.set()
+                # The batched ack, the retry and the fail each failed once.
+                wait_until(
+                    lambda: (
+                        "left to lapse" in caplog.text
+                        or caplog.text.count("trying again while the claim holds") >= 3
+                    ),
+                    "three writes to fail",
+                )
+                assert "left to lapse" not in caplog.text
+            counts = running.join()
+        assert counts == WorkerCounts(succeeded=2, retried=1, dead=1)
+        assert sorted(ran) == ["fail", "ok", "ok2", "raise"]
+        assert queue.get_job(ids["ok"]) is None
+        assert queue.get_job(ids["ok2"]) is None
+        retried = queue.get_job(ids["raise"])
+        assert retried is not None
+        assert (retried.state, retried.attempts) == ("pending", 1)
+        dead = queue.get_job(ids["fail"])
+        assert dead is not None
+        assert (dead.state, dead.last_error) == ("dead", "refused")
+
+    def test_a_burst_worker_whose_claims_keep_failing_stops_with_the_error(
+        self, alkstore_target: StoreTarget, worker_apps: AppFactory, worker_clock: ManualClock
+    ) -> None:
+        """Issue 11: a ``--burst`` worker whose every claim fails (here with
+        an error that may pass) does not retry forever: after a few failed
+        rounds it stops, and ``run`` raises an ``EngineError`` naming the
+        last failure; the job is untouched."""
+        app = worker_apps(clock=worker_clock)
+        queue = app.queue(QUEUE)
+        job_id = queue.enqueue({"task": "record", "args": ["unused", "x"]})
+        worker = app.worker(handle_signals=False)
+        running = RunningWorker(worker, burst=True)
+        with self.job_writes_fail(alkstore_target):
+            running.thread.join(WAIT_S)
+        assert not running.thread.is_alive(), "the burst worker did not give up"
+        assert running.error is not None
+        assert "EngineError: a burst worker's claims failed" in running.error
+        assert "injected job-write failure" in running.error
+        untouched = queue.get_job(job_id)
+        assert untouched is not None
+        assert (untouched.state, untouched.attempts) == ("pending", 0)
 
     def test_task_payload_and_per_job_options(
         self, worker_apps: AppFactory, worker_clock: ManualClock, worker_log_dir: str

@@ -1,0 +1,196 @@
+"""What a worker knows of the claims it holds: the lease (docs/tasks-and-workers.md
+"Heartbeats").
+
+A claim holds until its ``claim_deadline`` (SPEC §3 "Claim identity and
+handle validity"). The worker and the outbox relay track, for each job they
+hold, when that is: on the store's clock (the deadline the claim or the last
+heartbeat set) and on the monotonic clock (the instant before that call plus
+the visibility timeout, an estimate that is never late). :class:`Lease` is
+that record; the :class:`~alkstore._heartbeat.Heartbeater` renews it.
+
+Writes on a held job (ack, retry, fail, and the batched ``ack_batch``) that
+fail on an error that may pass (:class:`~alkstore.errors.EngineError` with
+``permanent`` false: a held lock, a lost connection) are tried again by
+:func:`write_while_held` until they land or the claim would have lapsed,
+as SQS consumers retry ``DeleteMessage`` within the visibility timeout. Only
+a lapsed claim is abandoned, so a passing fault never makes finished work
+run again (case 015).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import TypeVar
+
+from alkstore._handle import JobHandle
+from alkstore.errors import EngineError
+
+__all__ = ["Lease", "gone_while_held", "store_now", "write_while_held"]
+
+log = logging.getLogger("alkstore.worker")
+
+T = TypeVar("T")
+
+#: The first pause before a failed write on a held job is tried again,
+#: seconds; it doubles after each failure up to :data:`_RETRY_MAX_S`.
+_RETRY_FIRST_S = 0.05
+_RETRY_MAX_S = 1.0
+
+
+class Lease:
+    """One held job: its heartbeat schedule and how long its claim holds.
+
+    Attributes
+    ----------
+    handle
+        The job's claim.
+    interval_s
+        Seconds between heartbeats (a third of the visibility timeout).
+    next_at
+        When the next heartbeat is due, monotonic seconds.
+    ends
+        Monotonic seconds by which the claim has lapsed at the latest known:
+        the instant before the claim (or the last heartbeat that took
+        effect) plus the visibility timeout.
+    ends_at
+        The same on the store's clock: the claim's deadline as last set.
+    lost
+        Set when a heartbeat was refused while the job was held: its claim
+        lapsed, was reclaimed or was cancelled.
+    cancelled
+        Set with ``lost`` when the job was gone from the store while its
+        claim still held: it was cancelled (``Queue.cancel``).
+    done
+        Set once the job's outcome is being written: a refused heartbeat is
+        then the write's doing, not a lost claim.
+    """
+
+    __slots__ = ("cancelled", "done", "ends", "ends_at", "handle", "interval_s", "lost", "next_at")
+
+    def __init__(self, handle: JobHandle, interval_s: float, next_at: float, ends: float) -> None:
+        self.handle = handle
+        self.interval_s = interval_s
+        self.next_at = next_at
+        self.ends = ends
+        self.ends_at: datetime = handle.claim_deadline
+        self.lost = False
+        self.cancelled = False
+        self.done = False
+
+    def renewed(self, sent: float, sent_at: datetime | None) -> None:
+        """A heartbeat sent at monotonic ``sent`` (store time ``sent_at``,
+        ``None`` if unknown) took effect."""
+        extend_s = self.handle.visibility_timeout_s
+        self.ends = sent + extend_s
+        if sent_at is not None:
+            self.ends_at = sent_at + timedelta(seconds=extend_s)
+
+    def held_at(self, now: float) -> bool:
+        """Whether the claim's deadline, as last known, is still ahead at
+        monotonic ``now`` and on the store's clock (read now; when it cannot
+        be read, the monotonic clock decides)."""
+        if now >= self.ends:
+            return False
+        store_time = store_now(self.handle)
+        return store_time is None or store_time < self.ends_at
+
+    def holds(self, now: float) -> bool:
+        """Whether the claim still holds as far as this worker knows: no
+        refusal seen, and :meth:`held_at` ``now``."""
+        return not self.lost and self.held_at(now)
+
+
+def store_now(handle: JobHandle) -> datetime | None:
+    """The time now on ``handle``'s store clock; ``None`` when it cannot be
+    read."""
+    try:
+        return handle._queue.store._now()
+    except Exception:
+        return None
+
+
+def gone_while_held(lease: Lease, now: float) -> bool:
+    """Whether a claim refused at monotonic ``now`` was refused because its
+    job is gone from the store while the claim still held
+    (``Queue.cancel``), not because it lapsed or was reclaimed. Never raises
+    (``False`` when the store cannot say)."""
+    if not lease.held_at(now):
+        return False
+    try:
+        return lease.handle._queue.get_job(lease.handle.id) is None
+    except Exception:
+        return False
+
+
+def write_while_held(
+    write: Callable[[], T],
+    leases: Sequence[Lease],
+    what: str,
+    *,
+    stop: threading.Event | None = None,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> T:
+    """Call ``write`` until it returns, trying again after an
+    :class:`~alkstore.errors.EngineError` that is not ``permanent`` while
+    every lease of ``leases`` holds.
+
+    Parameters
+    ----------
+    write
+        The write on the held jobs (``handle.ack``, ``queue.ack_batch`` ...).
+    leases
+        The leases of the jobs it writes.
+    what
+        For the log: ``"acking job 5 of 'emails'"``.
+    stop
+        When set, stop trying (the worker is leaving its jobs to lapse).
+    monotonic
+        The clock, seconds.
+
+    Returns
+    -------
+    T
+        What ``write`` returned.
+
+    Raises
+    ------
+    EngineError
+        The last failure, once it is permanent, a lease has ended or ``stop``
+        is set. Any other exception ``write`` raises propagates at once.
+    """
+    pause = _RETRY_FIRST_S
+    failures = 0
+    while True:
+        try:
+            result = write()
+        except EngineError as error:
+            now = monotonic()
+            if (
+                error.permanent
+                or (stop is not None and stop.is_set())
+                or not all(lease.holds(now) for lease in leases)
+            ):
+                raise
+            failures += 1
+            ends = min(lease.ends for lease in leases)
+            if failures == 1:
+                log.warning(
+                    "%s failed (%s); trying again while the claim holds (%.1f s more)",
+                    what,
+                    error,
+                    ends - now,
+                )
+            wait_s = min(pause, max(0.0, ends - now))
+            if stop is None:
+                time.sleep(wait_s)
+            elif stop.wait(wait_s):
+                raise
+            pause = min(pause * 2, _RETRY_MAX_S)
+            continue
+        if failures:
+            log.info("%s succeeded after %d failure(s)", what, failures)
+        return result
