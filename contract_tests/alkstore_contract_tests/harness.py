@@ -81,10 +81,15 @@ class EngineHarness:
     @contextlib.contextmanager
     def app_connection(self, target: StoreTarget) -> Iterator[Any]:
         """Yield the application's own driver connection to the target's
-        database, of the type the engine's ``enqueue_tx`` takes, with no
-        transaction open. The suite drives it with :meth:`begin`,
-        ``conn.execute(sql)``, ``conn.commit()`` and ``conn.rollback()``,
-        using only SQL that SQLite and PostgreSQL share."""
+        database, of the type the engine's ``enqueue_tx`` takes, in
+        autocommit mode: no transaction open, and none opened implicitly
+        (``sqlite3.connect(..., isolation_level=None)``,
+        ``psycopg.connect(..., autocommit=True)``), since between
+        transactions the suite checks that ``enqueue_tx`` refuses it. The
+        suite drives it with :meth:`begin`, ``conn.execute(sql)`` (whose
+        result has ``fetchone``/``fetchall``), ``conn.commit()`` and
+        ``conn.rollback()``, using only SQL that SQLite and PostgreSQL
+        share (docs/engine-authors.md, "The harness")."""
         pytest.skip("this engine's harness gives no application connection")
         yield  # type: ignore[unreachable]  # pragma: no cover
 
@@ -95,8 +100,11 @@ class EngineHarness:
     @contextlib.contextmanager
     def dead_letter_inserts_fail(self, target: StoreTarget) -> Iterator[None]:
         """While inside, every insert into the engine's dead-letter table
-        raises in the database (a trigger), to prove the live-to-dead move is
-        atomic (handed case 011)."""
+        (the one every move to the dead letters inserts into: SQLite's
+        ``_alkstore_dead``, PostgreSQL's ``dead`` in the store's schema, for
+        an engine built on those) raises in the database (a trigger), to
+        prove the live-to-dead move is atomic (handed case 011); the fault
+        is gone after the block."""
         pytest.skip("this engine's harness cannot inject dead-letter faults")
         yield  # type: ignore[unreachable]  # pragma: no cover
 
