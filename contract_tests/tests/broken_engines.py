@@ -335,6 +335,19 @@ class _BrokenHarness(SqliteHarness):  # type: ignore[misc, valid-type]
         )
         return faults
 
+    def job_inserts_fail(
+        self, target: StoreTarget, queue: str
+    ) -> contextlib.AbstractContextManager[None]:
+        faults: contextlib.AbstractContextManager[None] = super().job_inserts_fail(
+            _as_sqlite(target), queue
+        )
+        return faults
+
+    def overwrite_schedule_column(
+        self, target: StoreTarget, name: str, column: str, value: str | bytes
+    ) -> None:
+        super().overwrite_schedule_column(_as_sqlite(target), name, column, value)
+
 
 class WrongOrderHarness(_BrokenHarness):
     scheme = "broken-order"
