@@ -26,6 +26,8 @@ from alkstore.engine import (
     EncodedPayload,
     Resolved,
     Schedule,
+    UnreadableSchedule,
+    read_schedule,
     schedule_from_values,
     schedule_to_values,
 )
@@ -101,9 +103,9 @@ SKIP = sql.SQL("""
 SET_LAST_JOB = sql.SQL("UPDATE {schedules} SET last_job_id = %(job_id)s WHERE name = %(name)s")
 
 
-def _from_row(row: Sequence[Any]) -> Schedule:
-    values = [v.astimezone(UTC) if isinstance(v, datetime) else v for v in row]
-    return schedule_from_values(values)
+def _values(row: Sequence[Any]) -> list[Any]:
+    """A stored row as the core's column values (instants in UTC)."""
+    return [v.astimezone(UTC) if isinstance(v, datetime) else v for v in row]
 
 
 def put_schedule(store: PostgresStore, schedule: Schedule) -> Schedule:
@@ -113,7 +115,7 @@ def put_schedule(store: PostgresStore, schedule: Schedule) -> Schedule:
     with store._db.connection() as conn:
         row = conn.execute(store.sql(PUT), params, binary=True).fetchone()
     assert row is not None
-    return _from_row(row)
+    return schedule_from_values(_values(row))
 
 
 def delete_schedule(store: PostgresStore, name: str) -> bool:
@@ -122,15 +124,18 @@ def delete_schedule(store: PostgresStore, name: str) -> bool:
         return conn.execute(store.sql(DELETE), {"name": name}).rowcount == 1
 
 
-def list_schedules(store: PostgresStore, due_at: datetime | None) -> list[Schedule]:
+def list_schedules(
+    store: PostgresStore, due_at: datetime | None
+) -> list[Schedule | UnreadableSchedule]:
     """``Store._list_schedules``: all by name, or the due ones by
-    ``next_run_at`` then name."""
+    ``next_run_at`` then name; a row this version cannot read as an
+    :class:`UnreadableSchedule`."""
     with store._db.connection() as conn:
         if due_at is None:
             rows = conn.execute(store.sql(LIST_ALL), binary=True).fetchall()
         else:
             rows = conn.execute(store.sql(LIST_DUE), {"due_at": due_at}, binary=True).fetchall()
-    return [_from_row(row) for row in rows]
+    return [read_schedule(_values(row)) for row in rows]
 
 
 def _guard(schedule: Schedule, next_run_at: datetime) -> dict[str, Any]:
