@@ -407,7 +407,11 @@ class Store(abc.ABC):
         ``None`` (nothing written) when another tick or a replacement got
         there first. This is the exactly-once guard. If the insert fails,
         the transaction rolls back whole, so the schedule is left as it
-        was and the next tick tries the boundary again."""
+        was and the next tick tries the boundary again. Never wait without
+        bound for one schedule's row: an engine with row locks passes over
+        a row another transaction holds (``None``, as when another tick
+        fires it); a database-wide write lock is waited for within the
+        engine's stated timeout, then raises."""
 
     @abc.abstractmethod
     def _skip_schedule(self, schedule: Schedule, next_run_at: datetime) -> bool:

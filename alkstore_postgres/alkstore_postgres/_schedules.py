@@ -6,11 +6,14 @@ A schedule is stored as the flat columns of
 JSON text). Firing a boundary is one transaction: a conditional UPDATE of
 the schedule row guarded by its ``revision`` and ``next_run_at``, then the
 job's insert through :meth:`PostgresQueue._insert_tx` (the enqueue path's
-own statement and wake, sent on commit), then ``last_job_id``. When many
-processes fire one boundary at once, the UPDATE's row lock makes all but
-the first wait; under READ COMMITTED each then re-checks the guard against
-the committed row, finds ``next_run_at`` moved, matches nothing and writes
-nothing.
+own statement and wake, sent on commit), then ``last_job_id``; a failed
+insert rolls the UPDATE back with it. The UPDATE takes the row's lock with
+``SKIP LOCKED``: a tick that finds another transaction holding the row
+(another tick firing it, in practice) passes over it instead of waiting,
+so a row held by a stuck session never stalls the schedules after it; the
+next tick tries it again. A row it can lock is re-checked against the
+committed version under READ COMMITTED, so of many processes firing one
+boundary one writes and the others match nothing and write nothing.
 """
 
 from __future__ import annotations
@@ -86,18 +89,23 @@ LIST_DUE = Statement(
     **_FRAGMENTS,
 )
 
-# The exactly-once guard (module docstring).
-ADVANCE = sql.SQL("""
-    UPDATE {schedules}
-    SET next_run_at = %(next_run_at)s, last_run_at = %(boundary)s
-    WHERE name = %(name)s AND revision = %(revision)s AND next_run_at = %(expected)s
-""")
+# The exactly-once guard (module docstring): the row as the tick read it,
+# locked only if no other transaction holds it.
+_GUARD = """
+    name = %(name)s AND revision = %(revision)s AND next_run_at = %(expected)s
+    AND name IN (
+        SELECT name FROM {schedules}
+        WHERE name = %(name)s AND revision = %(revision)s AND next_run_at = %(expected)s
+        FOR UPDATE SKIP LOCKED
+    )
+"""
 
-SKIP = sql.SQL("""
-    UPDATE {schedules}
-    SET next_run_at = %(next_run_at)s
-    WHERE name = %(name)s AND revision = %(revision)s AND next_run_at = %(expected)s
-""")
+ADVANCE = sql.SQL(
+    "UPDATE {schedules} SET next_run_at = %(next_run_at)s, last_run_at = %(boundary)s WHERE"
+    + _GUARD
+)
+
+SKIP = sql.SQL("UPDATE {schedules} SET next_run_at = %(next_run_at)s WHERE" + _GUARD)
 
 # The row is locked by ADVANCE, in the same transaction.
 SET_LAST_JOB = sql.SQL("UPDATE {schedules} SET last_job_id = %(job_id)s WHERE name = %(name)s")
