@@ -21,7 +21,7 @@ from alkstore._outcome import Fail, Retry
 from alkstore._queue import Queue
 from alkstore._registry import DEFAULT_URL, open, register
 from alkstore._resolution import enqueue_options, resolve
-from alkstore._schedule import Schedule
+from alkstore._schedule import Schedule, UnreadableSchedule
 from alkstore._scheduler import Scheduler
 from alkstore._store import Store
 from alkstore._subscription import Subscription
@@ -65,6 +65,7 @@ __all__ = [
     "Sweeper",
     "Task",
     "UnknownEngineError",
+    "UnreadableSchedule",
     "ValidationError",
     "Worker",
     "WorkerCounts",

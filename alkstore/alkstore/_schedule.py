@@ -2,27 +2,41 @@
 every boundary of a cron or ``@every`` spec (docs/schedules.md).
 
 Engines store a schedule as the flat columns of :data:`SCHEDULE_COLUMNS`
-(:func:`schedule_to_values`, :func:`schedule_from_values`): the enqueue
-options travel as one JSON text, so an engine needs no column per option.
+(:func:`schedule_to_values`, :func:`read_schedule`): the enqueue options
+travel as one JSON text, so an engine needs no column per option.
+
+Reading a stored row never raises: a row this version cannot fire as it
+was written (its options, spec, zone, queue or payload refused here, or an
+option it does not know, saved by a newer release) reads as an
+:class:`UnreadableSchedule` naming the reason, so one bad row stops no
+listing and no tick (handed case 014; docs/decisions.md D27). Options are
+written sparsely for the same reason: a queue option at its default is
+left out, so a release that adds an option makes no row unreadable to the
+release before it unless a schedule sets that option.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from datetime import datetime
 from functools import cached_property
 from typing import Any, Literal
 
-from alkstore._codec import decode_payload
+from alkstore import _validation as v
+from alkstore._codec import JSON, OCTET_STREAM, decode_payload
+from alkstore._cron import parse_schedule
 from alkstore._options import QueueOpts
+from alkstore._resolution import enqueue_options
 
 __all__ = [
     "CATCH_UP_POLICIES",
     "SCHEDULE_COLUMNS",
     "CatchUp",
     "Schedule",
+    "UnreadableSchedule",
+    "read_schedule",
     "schedule_from_values",
     "schedule_to_values",
 ]
@@ -95,17 +109,54 @@ class Schedule:
 
     @property
     def options_json(self) -> str:
-        """The enqueue options as one JSON text, as engines store them."""
+        """The enqueue options as one JSON text, as engines store them.
+
+        The schedule's own options are always written (the release before
+        this one reads each of them); of the queue options only those that
+        differ from ``QueueOpts()``'s defaults, so a queue option added by
+        a later release reaches the rows only of the schedules that set it
+        (docs/decisions.md D27)."""
         return json.dumps(
             {
                 "priority": self.priority,
                 "max_attempts": self.max_attempts,
                 "expires_s": self.expires_s,
                 "catch_up": self.catch_up,
-                "queue_opts": asdict(self.queue_opts),
+                "queue_opts": {
+                    name: value
+                    for name, value in _queue_opts_fields(self.queue_opts).items()
+                    if value != _DEFAULT_QUEUE_OPTS[name]
+                },
             },
             sort_keys=True,
         )
+
+
+@dataclass(frozen=True)
+class UnreadableSchedule:
+    """A stored schedule this version cannot fire as it was written
+    (docs/schedules.md "When a schedule cannot fire").
+
+    Its row holds an option this version does not know (saved by a newer
+    release), a value outside this version's rules, a spec or time zone
+    this host cannot evaluate, a queue name it refuses or a payload it
+    cannot decode. Ticks skip it (and log it once per revision);
+    :meth:`Store.unschedule` deletes it and :meth:`Store.schedule` replaces
+    it like any other.
+
+    Attributes
+    ----------
+    name
+        The schedule's name, as stored.
+    revision
+        The stored revision: saving the schedule again makes a new one.
+    reason
+        Why it cannot be read, for people.
+    """
+
+    name: str
+    revision: int
+    reason: str
 
 
 #: The columns an engine stores, in the order of :func:`schedule_to_values`.
@@ -123,6 +174,27 @@ SCHEDULE_COLUMNS = (
     "last_run_at",
     "last_job_id",
 )
+
+#: The schedule options of the stored options text, and the value each
+#: takes when a row leaves it out.
+_OPTION_DEFAULTS: Mapping[str, object] = {
+    "priority": None,
+    "max_attempts": None,
+    "expires_s": None,
+    "catch_up": "latest",
+    "queue_opts": {},
+}
+_DEFAULT_QUEUE_OPTS: Mapping[str, object] = {
+    f.name: getattr(QueueOpts(), f.name) for f in fields(QueueOpts)
+}
+#: Payload content types this version decodes (SPEC §3 "Payload").
+_CONTENT_TYPES = (JSON, OCTET_STREAM)
+#: Said of what this version does not know.
+_NEWER = "saved by a newer alkstore?"
+
+
+def _queue_opts_fields(opts: QueueOpts) -> dict[str, object]:
+    return {name: getattr(opts, name) for name in _DEFAULT_QUEUE_OPTS}
 
 
 def schedule_to_values(schedule: Schedule) -> tuple[Any, ...]:
@@ -143,9 +215,47 @@ def schedule_to_values(schedule: Schedule) -> tuple[Any, ...]:
     )
 
 
+class _Refused(Exception):
+    """A stored value this version cannot use; the message says which."""
+
+
+def read_schedule(values: Sequence[Any]) -> Schedule | UnreadableSchedule:
+    """Read one stored row, in :data:`SCHEDULE_COLUMNS` order, the way every
+    engine must: datetimes already aware UTC, the other columns as
+    :func:`schedule_to_values` wrote them.
+
+    Never raises for what the row's spec, zone, queue, payload, content
+    type or options hold: a row this version cannot fire as written
+    becomes an :class:`UnreadableSchedule` with the reason (handed case
+    014; docs/decisions.md D27). A schedule option the row leaves out
+    takes its default; an option this version does not know makes the row
+    unreadable rather than being ignored, since firing without it would
+    enqueue jobs other than the ones it asks for.
+    """
+    name, revision = values[0], values[7]
+    try:
+        return _decode(values)
+    except Exception as exc:  # whatever a stored value does, one row only
+        reason = str(exc) if isinstance(exc, (_Refused, ValueError)) else repr(exc)
+        return UnreadableSchedule(name=name, revision=revision, reason=reason)
+
+
 def schedule_from_values(values: Sequence[Any]) -> Schedule:
-    """Build a :class:`Schedule` from column values in :data:`SCHEDULE_COLUMNS`
-    order; datetimes must already be aware UTC."""
+    """:func:`read_schedule` for a row that must be readable, such as the
+    one an engine's write returned.
+
+    Raises
+    ------
+    ValueError
+        With the reason, if the row is unreadable here.
+    """
+    read = read_schedule(values)
+    if isinstance(read, UnreadableSchedule):
+        raise ValueError(f"schedule {read.name!r} cannot be read: {read.reason}")
+    return read
+
+
+def _decode(values: Sequence[Any]) -> Schedule:
     (
         name,
         spec,
@@ -153,29 +263,66 @@ def schedule_from_values(values: Sequence[Any]) -> Schedule:
         queue,
         payload_bytes,
         content_type,
-        options,
+        options_text,
         revision,
         created_at,
         next_run_at,
         last_run_at,
         last_job_id,
     ) = values
-    decoded = json.loads(options)
-    return Schedule(
+    options = _options(options_text)
+    queue_opts = options["queue_opts"]
+    if not isinstance(queue_opts, dict):
+        raise _Refused(f"queue options must be a JSON object, got {queue_opts!r}")
+    unknown = sorted(set(queue_opts) - set(_DEFAULT_QUEUE_OPTS))
+    if unknown:
+        raise _Refused(f"unknown queue option(s) {', '.join(map(repr, unknown))} ({_NEWER})")
+    catch_up = options["catch_up"]
+    if catch_up not in CATCH_UP_POLICIES:
+        raise _Refused(f"unknown catch_up policy {catch_up!r} ({_NEWER})")
+    overrides = enqueue_options(
+        priority=options["priority"],
+        max_attempts=options["max_attempts"],
+        expires=options["expires_s"],
+    )
+    parsed = parse_schedule(spec, timezone)
+    v.queue_name(queue)
+    if content_type not in _CONTENT_TYPES:
+        raise _Refused(f"unknown payload content type {content_type!r} ({_NEWER})")
+    schedule = Schedule(
         name=name,
-        spec=spec,
-        timezone=timezone,
+        spec=parsed.spec,
+        timezone=parsed.timezone,
         queue=queue,
         payload_bytes=bytes(payload_bytes),
         content_type=content_type,
-        priority=decoded["priority"],
-        max_attempts=decoded["max_attempts"],
-        expires_s=decoded["expires_s"],
-        queue_opts=QueueOpts(**decoded["queue_opts"]),
-        catch_up=decoded["catch_up"],
+        priority=overrides.priority,
+        max_attempts=overrides.max_attempts,
+        expires_s=overrides.expires_s,
+        queue_opts=QueueOpts(**queue_opts),
+        catch_up=catch_up,
         revision=revision,
         created_at=created_at,
         next_run_at=next_run_at,
         last_run_at=last_run_at,
         last_job_id=last_job_id,
     )
+    try:
+        schedule.payload  # noqa: B018  # decoded once here, and kept
+    except ValueError as exc:
+        raise _Refused(f"the payload cannot be decoded: {exc}") from exc
+    return schedule
+
+
+def _options(text: object) -> dict[str, Any]:
+    """The stored options text as a dict, every schedule option present."""
+    try:
+        options = json.loads(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        raise _Refused(f"the stored options are not JSON: {exc}") from exc
+    if not isinstance(options, dict):
+        raise _Refused(f"the stored options must be a JSON object, got {text!r}")
+    unknown = sorted(set(options) - set(_OPTION_DEFAULTS))
+    if unknown:
+        raise _Refused(f"unknown schedule option(s) {', '.join(map(repr, unknown))} ({_NEWER})")
+    return {**_OPTION_DEFAULTS, **options}

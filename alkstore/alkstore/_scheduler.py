@@ -12,8 +12,9 @@ from alkstore import _validation as v
 from alkstore._codec import EncodedPayload
 from alkstore._cron import parse_schedule
 from alkstore._resolution import EnqueueOptions, resolve
+from alkstore._schedule import UnreadableSchedule
 from alkstore._store import check_store
-from alkstore.errors import ValidationError
+from alkstore.errors import EngineError, StoreClosedError, ValidationError
 
 if TYPE_CHECKING:
     from alkstore._schedule import Schedule
@@ -58,7 +59,8 @@ class Scheduler:
     def __init__(self, store: Store, *, misfire_grace_s: object = DEFAULT_MISFIRE_GRACE_S) -> None:
         self._store = check_store(store, "Scheduler")
         self._grace = timedelta(seconds=v.duration_s(misfire_grace_s, "misfire_grace_s"))
-        self._unreadable: set[tuple[str, int]] = set()
+        # The schedules reported as unable to fire: name -> revision.
+        self._failing: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return f"<Scheduler of {self._store!r}>"
@@ -72,6 +74,15 @@ class Scheduler:
         boundaries missed during an outage fire at most once together. The
         job is due at its boundary (``run_at``), so a late one sorts first.
 
+        One schedule that cannot fire stops no other (handed case 014): a
+        stored row this version cannot read, a spec or zone this host
+        cannot evaluate, or a fire that fails (its job's insert refused, a
+        lock held too long) skips that schedule alone, which keeps its
+        ``next_run_at``, so the next tick tries it again and it fires its
+        latest boundary once it can. Each such schedule is logged at ERROR
+        once per revision, with its name and the reason, and at INFO when it
+        fires again (docs/schedules.md "When a schedule cannot fire").
+
         Returns
         -------
         list[int]
@@ -80,41 +91,81 @@ class Scheduler:
 
         Raises
         ------
-        StoreClosedError, EngineError
+        StoreClosedError
+            When the store is closed, before or during the tick.
+        EngineError
+            When the due schedules cannot be listed, or a fire fails with a
+            ``permanent`` error (a read-only or dropped database fails every
+            schedule alike). Schedules fired before it stay fired.
         """
         store = self._store
         store._check_open()
         now = store._now()
         fired: list[int] = []
-        for schedule in store._list_schedules(now):
+        for item in store._list_schedules(now):
+            if isinstance(item, UnreadableSchedule):
+                self._cannot_fire(item.name, item.revision, item.reason)
+                continue
             try:
-                spec = parse_schedule(schedule.spec, schedule.timezone)
+                job_id = self._tick_one(item, now)
+            except StoreClosedError:
+                raise
+            except EngineError as exc:
+                if exc.permanent:
+                    raise
+                self._cannot_fire(item.name, item.revision, str(exc))
+                continue
             except ValidationError as exc:
-                # Only if the zone vanished from this host's tz database:
-                # said once per schedule revision, not on every tick.
-                key = (schedule.name, schedule.revision)
-                if key not in self._unreadable:
-                    self._unreadable.add(key)
-                    log.error(
-                        "schedule %r cannot be evaluated here; skipped: %s", schedule.name, exc
-                    )
+                self._cannot_fire(item.name, item.revision, str(exc))
                 continue
-            boundary = spec.latest_at_or_before(now) or schedule.next_run_at
-            boundary = max(boundary, schedule.next_run_at)
-            next_run_at = spec.next_after(now)
-            if schedule.catch_up == "skip" and now - boundary > self._grace:
-                if store._skip_schedule(schedule, next_run_at):
-                    log.info(
-                        "schedule %r: boundary %s missed by more than %s, skipped",
-                        schedule.name,
-                        boundary.isoformat(),
-                        self._grace,
-                    )
+            except Exception as exc:  # one schedule's fault, whatever it is
+                self._cannot_fire(item.name, item.revision, repr(exc), exc)
                 continue
-            job_id = self._fire(schedule, now, boundary, next_run_at)
+            self._can_fire(item)
             if job_id is not None:
                 fired.append(job_id)
         return fired
+
+    def _tick_one(self, schedule: Schedule, now: datetime) -> int | None:
+        """Fire or skip one due schedule; the job id when it fired."""
+        spec = parse_schedule(schedule.spec, schedule.timezone)
+        boundary = spec.latest_at_or_before(now) or schedule.next_run_at
+        boundary = max(boundary, schedule.next_run_at)
+        next_run_at = spec.next_after(now)
+        if schedule.catch_up == "skip" and now - boundary > self._grace:
+            if self._store._skip_schedule(schedule, next_run_at):
+                log.info(
+                    "schedule %r: boundary %s missed by more than %s, skipped",
+                    schedule.name,
+                    boundary.isoformat(),
+                    self._grace,
+                )
+            return None
+        return self._fire(schedule, now, boundary, next_run_at)
+
+    def _cannot_fire(
+        self, name: str, revision: int, reason: str, exc: BaseException | None = None
+    ) -> None:
+        """Report a schedule that cannot fire: at ERROR the first time for
+        its revision, at DEBUG after that."""
+        if self._failing.get(name) == revision:
+            log.debug("schedule %r (revision %d) still cannot fire: %s", name, revision, reason)
+            return
+        self._failing[name] = revision
+        log.error(
+            "schedule %r (revision %d) cannot fire: %s; skipped, and tried again on "
+            "every tick without logging again until it fires or is saved anew",
+            name,
+            revision,
+            reason,
+            exc_info=exc,
+        )
+
+    def _can_fire(self, schedule: Schedule) -> None:
+        """A schedule's turn ended without an error: if it was failing, say
+        that it can fire again, and report its next failure afresh."""
+        if self._failing.pop(schedule.name, None) is not None:
+            log.info("schedule %r (revision %d) can fire again", schedule.name, schedule.revision)
 
     def _fire(
         self, schedule: Schedule, now: datetime, boundary: datetime, next_run_at: datetime

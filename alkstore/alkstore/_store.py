@@ -7,6 +7,7 @@ import json
 import logging
 import random
 import threading
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from types import TracebackType
@@ -20,7 +21,7 @@ from alkstore._codec import JSON, EncodedPayload, encode_payload
 from alkstore._options import QueueOpts
 from alkstore._resolution import Resolved
 from alkstore._resolution import enqueue_options as check_enqueue_options
-from alkstore._schedule import CATCH_UP_POLICIES, Schedule
+from alkstore._schedule import CATCH_UP_POLICIES, Schedule, UnreadableSchedule
 from alkstore.errors import StoreClosedError, ValidationError
 
 if TYPE_CHECKING:
@@ -257,12 +258,18 @@ class Store(abc.ABC):
             last_job_id=None,
         )
         for existing in self._list_schedules(None):
-            if existing.name == name and _same_jobs(existing, schedule):
+            # An unreadable row of that name is replaced like any other.
+            if (
+                isinstance(existing, Schedule)
+                and existing.name == name
+                and _same_jobs(existing, schedule)
+            ):
                 return existing  # the same definition: keep its boundaries
         return self._put_schedule(schedule)
 
     def unschedule(self, name: str) -> bool:
-        """Delete the schedule ``name``; jobs it already enqueued stay.
+        """Delete the schedule ``name``, readable or not; jobs it already
+        enqueued stay.
 
         Returns
         -------
@@ -277,14 +284,31 @@ class Store(abc.ABC):
         return self._delete_schedule(v.queue_name(name, "schedule name"))
 
     def schedules(self) -> list[Schedule]:
-        """Every schedule of the store, sorted by name.
+        """Every schedule of the store that this version can read, sorted
+        by name; :meth:`unreadable_schedules` names the others.
 
         Raises
         ------
         StoreClosedError, EngineError
         """
         self._check_open()
-        return self._list_schedules(None)
+        return [s for s in self._list_schedules(None) if isinstance(s, Schedule)]
+
+    def unreadable_schedules(self) -> list[UnreadableSchedule]:
+        """The stored schedules this version cannot fire as they were
+        written, sorted by name, each with the reason: an option it does not
+        know (saved by a newer release), a value outside its rules, a spec
+        or zone this host cannot evaluate, a payload it cannot decode
+        (docs/schedules.md "When a schedule cannot fire"; docs/decisions.md
+        D27). Ticks skip them; :meth:`unschedule` deletes one and
+        :meth:`schedule` replaces one.
+
+        Raises
+        ------
+        StoreClosedError, EngineError
+        """
+        self._check_open()
+        return [s for s in self._list_schedules(None) if isinstance(s, UnreadableSchedule)]
 
     def close(self) -> None:
         """Release the store's connections. Idempotent; never raises."""
@@ -360,9 +384,13 @@ class Store(abc.ABC):
         """Delete a schedule; ``True`` if one was deleted."""
 
     @abc.abstractmethod
-    def _list_schedules(self, due_at: datetime | None) -> list[Schedule]:
-        """Every schedule by name; or, with ``due_at``, those whose
-        ``next_run_at <= due_at`` ordered by ``next_run_at`` (index-driven)."""
+    def _list_schedules(self, due_at: datetime | None) -> Sequence[Schedule | UnreadableSchedule]:
+        """Every stored schedule by name; or, with ``due_at``, those whose
+        ``next_run_at <= due_at`` ordered by ``next_run_at`` then name
+        (index-driven). Each row is read with
+        :func:`alkstore.engine.read_schedule`, so a row this version cannot
+        read comes back as an :class:`UnreadableSchedule` and the listing
+        never fails because of one row."""
 
     @abc.abstractmethod
     def _fire_schedule(
@@ -379,7 +407,13 @@ class Store(abc.ABC):
         and insert one job into ``schedule.queue`` as :meth:`Queue._insert`
         does (waking its subscribers on commit); return the job id, or
         ``None`` (nothing written) when another tick or a replacement got
-        there first. This is the exactly-once guard."""
+        there first. This is the exactly-once guard. If the insert fails,
+        the transaction rolls back whole, so the schedule is left as it
+        was and the next tick tries the boundary again. Never wait without
+        bound for one schedule's row: an engine with row locks passes over
+        a row another transaction holds (``None``, as when another tick
+        fires it); a database-wide write lock is waited for within the
+        engine's stated timeout, then raises."""
 
     @abc.abstractmethod
     def _skip_schedule(self, schedule: Schedule, next_run_at: datetime) -> bool:

@@ -37,7 +37,7 @@ from alkstore._cron import parse_schedule
 from alkstore._job import Job, QueueStats
 from alkstore._queue import Queue
 from alkstore._redact import redact_url
-from alkstore._schedule import CATCH_UP_POLICIES
+from alkstore._schedule import CATCH_UP_POLICIES, Schedule
 from alkstore._scheduler import Scheduler
 from alkstore._signals import stop_signals
 from alkstore._store import Store
@@ -817,37 +817,59 @@ def dead_purge(
 @_APP_STORE
 @click.pass_obj
 def schedules(ctx: _Context, *, as_json: bool, app_spec: str | None) -> None:
-    """Show the store's schedules and when each fires next."""
+    """Show the store's schedules and when each fires next, then those this
+    version cannot read, with the reason (they do not fire)."""
     with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
         found = store.schedules()
+        unreadable = store.unreadable_schedules()
     if as_json:
-        for item in found:
-            fields = {
-                f.name: _jsonable(getattr(item, f.name))
-                for f in dataclasses.fields(item)
-                if f.name not in ("payload_bytes", "queue_opts")
-            }
-            fields["payload"] = _jsonable(item.payload)
-            fields["queue_opts"] = dataclasses.asdict(item.queue_opts)
+        lines = [(item.name, _schedule_json(item)) for item in found]
+        lines += [
+            (item.name, {"name": item.name, "revision": item.revision, "unreadable": item.reason})
+            for item in unreadable
+        ]
+        for _, fields in sorted(lines, key=lambda line: line[0]):
             click.echo(json.dumps(fields, ensure_ascii=False))
         return
-    if not found:
+    if not found and not unreadable:
         click.echo("no schedules")
         return
-    rows = [
-        (
-            item.name,
-            item.spec,
-            item.timezone,
-            item.queue,
-            _when(item.next_run_at),
-            _when(item.last_run_at),
-            "-" if item.last_job_id is None else str(item.last_job_id),
+    if found:
+        rows = [
+            (
+                item.name,
+                item.spec,
+                item.timezone,
+                item.queue,
+                _when(item.next_run_at),
+                _when(item.last_run_at),
+                "-" if item.last_job_id is None else str(item.last_job_id),
+            )
+            for item in found
+        ]
+        header = ("name", "spec", "timezone", "queue", "next_run_at", "last_run_at", "last_job")
+        click.echo(_table(header, rows))
+    if unreadable:
+        if found:
+            click.echo()
+        click.echo(
+            f"{len(unreadable)} schedule(s) this version cannot read, so they do not fire "
+            "here (save again with `alkstore schedule` or delete with `alkstore unschedule`):"
         )
-        for item in found
-    ]
-    header = ("name", "spec", "timezone", "queue", "next_run_at", "last_run_at", "last_job")
-    click.echo(_table(header, rows))
+        reasons = [(item.name, str(item.revision), item.reason) for item in unreadable]
+        click.echo(_table(("name", "revision", "reason"), reasons))
+
+
+def _schedule_json(item: Schedule) -> dict[str, Any]:
+    """A schedule's fields for ``schedules --json``."""
+    fields = {
+        f.name: _jsonable(getattr(item, f.name))
+        for f in dataclasses.fields(item)
+        if f.name not in ("payload_bytes", "queue_opts")
+    }
+    fields["payload"] = _jsonable(item.payload)
+    fields["queue_opts"] = dataclasses.asdict(item.queue_opts)
+    return fields
 
 
 @cli.command()

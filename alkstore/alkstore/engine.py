@@ -18,6 +18,8 @@ from alkstore._resolution import Resolved
 from alkstore._schedule import (
     SCHEDULE_COLUMNS,
     Schedule,
+    UnreadableSchedule,
+    read_schedule,
     schedule_from_values,
     schedule_to_values,
 )
@@ -34,6 +36,7 @@ __all__ = [
     "EncodedPayload",
     "Resolved",
     "Schedule",
+    "UnreadableSchedule",
     "WakeLatch",
     "check_engine_options",
     "check_schema_version",
@@ -43,6 +46,7 @@ __all__ = [
     "duration_us",
     "int_in_range",
     "job_from_values",
+    "read_schedule",
     "redact_url",
     "schedule_from_values",
     "schedule_to_values",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -405,6 +406,69 @@ def test_schedule_schedules_unschedule_round_trip(project: Path, url: str) -> No
     )
     assert ok(run(project, url, "schedules")) == "no schedules\n"
     assert ok(run(project, url, "schedules", "--json")) == ""
+
+
+NEWER_REASON = "unknown queue option(s) 'lease_renewal_s' (saved by a newer alkstore?)"
+
+
+def _save_as_a_newer_release(project: Path, name: str) -> None:
+    """Give the stored schedule ``name`` a queue option this version does
+    not know, as a newer release saving it would (handed case 014)."""
+    with sqlite3.connect(project / "jobs.db") as conn:
+        (text,) = conn.execute(
+            "SELECT options FROM _alkstore_schedules WHERE name = ?", (name,)
+        ).fetchone()
+        options = json.loads(text)
+        options["queue_opts"]["lease_renewal_s"] = 5
+        conn.execute(
+            "UPDATE _alkstore_schedules SET options = ? WHERE name = ?", (json.dumps(options), name)
+        )
+    conn.close()
+
+
+def test_schedules_shows_unreadable_schedules_which_schedule_and_unschedule_handle(
+    project: Path, url: str
+) -> None:
+    ok(run(project, url, "schedule", "fine", "@hourly", "reports", "1"))
+    ok(run(project, url, "schedule", "newer", "@hourly", "reports", "2"))
+    _save_as_a_newer_release(project, "newer")
+
+    lines = ok(run(project, url, "schedules")).splitlines()
+    assert len(lines) == 6, lines
+    assert lines[0].split()[:2] == ["name", "spec"]
+    assert lines[1].split()[0] == "fine"
+    assert lines[2:4] == [
+        "",
+        "1 schedule(s) this version cannot read, so they do not fire here (save again "
+        "with `alkstore schedule` or delete with `alkstore unschedule`):",
+    ]
+    assert lines[4].split() == ["name", "revision", "reason"]
+    assert lines[5].split(maxsplit=2) == ["newer", "1", NEWER_REASON]
+    assert lines[5].index(NEWER_REASON) == lines[4].index("reason")
+
+    fine, newer = map(json.loads, ok(run(project, url, "schedules", "--json")).splitlines())
+    assert (fine["name"], fine["payload"]) == ("fine", 1)
+    assert newer == {"name": "newer", "revision": 1, "unreadable": NEWER_REASON}
+
+    # saving it again replaces it; deleting works unread
+    ok(run(project, url, "schedule", "newer", "@hourly", "reports", "3"))
+    replaced = [
+        json.loads(line) for line in ok(run(project, url, "schedules", "--json")).splitlines()
+    ]
+    assert [(s["name"], s["revision"], s.get("payload")) for s in replaced] == [
+        ("fine", 1, 1),
+        ("newer", 2, 3),
+    ]
+    _save_as_a_newer_release(project, "newer")
+    ok(run(project, url, "unschedule", "fine"))
+    assert ok(run(project, url, "schedules")).splitlines() == [
+        "1 schedule(s) this version cannot read, so they do not fire here (save again "
+        "with `alkstore schedule` or delete with `alkstore unschedule`):",
+        "name   revision  reason",
+        f"newer  2         {NEWER_REASON}",
+    ]
+    assert ok(run(project, url, "unschedule", "newer")) == "schedule newer deleted\n"
+    assert ok(run(project, url, "schedules")) == "no schedules\n"
 
 
 @pytest.mark.parametrize(

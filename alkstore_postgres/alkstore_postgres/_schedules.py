@@ -6,11 +6,14 @@ A schedule is stored as the flat columns of
 JSON text). Firing a boundary is one transaction: a conditional UPDATE of
 the schedule row guarded by its ``revision`` and ``next_run_at``, then the
 job's insert through :meth:`PostgresQueue._insert_tx` (the enqueue path's
-own statement and wake, sent on commit), then ``last_job_id``. When many
-processes fire one boundary at once, the UPDATE's row lock makes all but
-the first wait; under READ COMMITTED each then re-checks the guard against
-the committed row, finds ``next_run_at`` moved, matches nothing and writes
-nothing.
+own statement and wake, sent on commit), then ``last_job_id``; a failed
+insert rolls the UPDATE back with it. The UPDATE takes the row's lock with
+``SKIP LOCKED``: a tick that finds another transaction holding the row
+(another tick firing it, in practice) passes over it instead of waiting,
+so a row held by a stuck session never stalls the schedules after it; the
+next tick tries it again. A row it can lock is re-checked against the
+committed version under READ COMMITTED, so of many processes firing one
+boundary one writes and the others match nothing and write nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from alkstore.engine import (
     EncodedPayload,
     Resolved,
     Schedule,
+    UnreadableSchedule,
+    read_schedule,
     schedule_from_values,
     schedule_to_values,
 )
@@ -84,26 +89,31 @@ LIST_DUE = Statement(
     **_FRAGMENTS,
 )
 
-# The exactly-once guard (module docstring).
-ADVANCE = sql.SQL("""
-    UPDATE {schedules}
-    SET next_run_at = %(next_run_at)s, last_run_at = %(boundary)s
-    WHERE name = %(name)s AND revision = %(revision)s AND next_run_at = %(expected)s
-""")
+# The exactly-once guard (module docstring): the row as the tick read it,
+# locked only if no other transaction holds it.
+_GUARD = """
+    name = %(name)s AND revision = %(revision)s AND next_run_at = %(expected)s
+    AND name IN (
+        SELECT name FROM {schedules}
+        WHERE name = %(name)s AND revision = %(revision)s AND next_run_at = %(expected)s
+        FOR UPDATE SKIP LOCKED
+    )
+"""
 
-SKIP = sql.SQL("""
-    UPDATE {schedules}
-    SET next_run_at = %(next_run_at)s
-    WHERE name = %(name)s AND revision = %(revision)s AND next_run_at = %(expected)s
-""")
+ADVANCE = sql.SQL(
+    "UPDATE {schedules} SET next_run_at = %(next_run_at)s, last_run_at = %(boundary)s WHERE"
+    + _GUARD
+)
+
+SKIP = sql.SQL("UPDATE {schedules} SET next_run_at = %(next_run_at)s WHERE" + _GUARD)
 
 # The row is locked by ADVANCE, in the same transaction.
 SET_LAST_JOB = sql.SQL("UPDATE {schedules} SET last_job_id = %(job_id)s WHERE name = %(name)s")
 
 
-def _from_row(row: Sequence[Any]) -> Schedule:
-    values = [v.astimezone(UTC) if isinstance(v, datetime) else v for v in row]
-    return schedule_from_values(values)
+def _values(row: Sequence[Any]) -> list[Any]:
+    """A stored row as the core's column values (instants in UTC)."""
+    return [v.astimezone(UTC) if isinstance(v, datetime) else v for v in row]
 
 
 def put_schedule(store: PostgresStore, schedule: Schedule) -> Schedule:
@@ -113,7 +123,7 @@ def put_schedule(store: PostgresStore, schedule: Schedule) -> Schedule:
     with store._db.connection() as conn:
         row = conn.execute(store.sql(PUT), params, binary=True).fetchone()
     assert row is not None
-    return _from_row(row)
+    return schedule_from_values(_values(row))
 
 
 def delete_schedule(store: PostgresStore, name: str) -> bool:
@@ -122,15 +132,18 @@ def delete_schedule(store: PostgresStore, name: str) -> bool:
         return conn.execute(store.sql(DELETE), {"name": name}).rowcount == 1
 
 
-def list_schedules(store: PostgresStore, due_at: datetime | None) -> list[Schedule]:
+def list_schedules(
+    store: PostgresStore, due_at: datetime | None
+) -> list[Schedule | UnreadableSchedule]:
     """``Store._list_schedules``: all by name, or the due ones by
-    ``next_run_at`` then name."""
+    ``next_run_at`` then name; a row this version cannot read as an
+    :class:`UnreadableSchedule`."""
     with store._db.connection() as conn:
         if due_at is None:
             rows = conn.execute(store.sql(LIST_ALL), binary=True).fetchall()
         else:
             rows = conn.execute(store.sql(LIST_DUE), {"due_at": due_at}, binary=True).fetchall()
-    return [_from_row(row) for row in rows]
+    return [read_schedule(_values(row)) for row in rows]
 
 
 def _guard(schedule: Schedule, next_run_at: datetime) -> dict[str, Any]:

@@ -16,11 +16,13 @@ import pytest
 from postgres_server import drop_schema, fresh_schema_name
 from psycopg import sql
 
-from alkstore_contract_tests.harness import EngineHarness, StoreTarget
+from alkstore.engine import SCHEDULE_COLUMNS
+from alkstore_contract_tests.harness import JOB_INSERT_FAULT, EngineHarness, StoreTarget
 
 __all__ = ["PostgresHarness"]
 
 _FAULT_FUNCTION = "alkstore_test_dead_insert_fails"
+_JOB_FAULT_FUNCTION = "alkstore_test_job_insert_fails"
 _WRITE_FAULT_FUNCTION = "alkstore_test_job_write_fails"
 
 
@@ -78,6 +80,49 @@ class PostgresHarness(EngineHarness):
             finally:
                 conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(trigger, dead))
                 conn.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(function))
+
+    @contextlib.contextmanager
+    def job_inserts_fail(self, target: StoreTarget, queue: str) -> Iterator[None]:
+        """A trigger makes every insert into the store's ``jobs`` table for
+        ``queue`` raise."""
+        schema = target.options["schema"]
+        function = sql.Identifier(schema, _JOB_FAULT_FUNCTION)
+        jobs = sql.Identifier(schema, "jobs")
+        trigger = sql.Identifier(_JOB_FAULT_FUNCTION)
+        with psycopg.connect(target.url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL(
+                    "CREATE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS "
+                    "$$ BEGIN RAISE EXCEPTION {}; END $$"
+                ).format(function, sql.Literal(JOB_INSERT_FAULT))
+            )
+            conn.execute(
+                sql.SQL(
+                    "CREATE TRIGGER {} BEFORE INSERT ON {} FOR EACH ROW "
+                    "WHEN (NEW.queue = {}) EXECUTE FUNCTION {}()"
+                ).format(trigger, jobs, sql.Literal(queue), function)
+            )
+            try:
+                yield
+            finally:
+                conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(trigger, jobs))
+                conn.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(function))
+
+    def overwrite_schedule_column(
+        self, target: StoreTarget, name: str, column: str, value: str | bytes
+    ) -> None:
+        """One ``UPDATE`` of the store's ``schedules`` table, whose columns are
+        ``SCHEDULE_COLUMNS``."""
+        assert column in SCHEDULE_COLUMNS, column
+        schedules = sql.Identifier(target.options["schema"], "schedules")
+        with psycopg.connect(target.url, autocommit=True) as conn:
+            updated = conn.execute(
+                sql.SQL("UPDATE {} SET {} = %s WHERE name = %s").format(
+                    schedules, sql.Identifier(column)
+                ),
+                (value, name),
+            ).rowcount
+        assert updated == 1, f"no stored schedule {name!r}"
 
     @contextlib.contextmanager
     def job_writes_fail(self, target: StoreTarget) -> Iterator[None]:

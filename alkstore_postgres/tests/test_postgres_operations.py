@@ -498,6 +498,52 @@ def test_one_of_many_processes_fires_each_boundary(
     assert schedule.next_run_at == T0 + timedelta(seconds=30 * (rounds + 1))
 
 
+#: Seconds a tick may take beside a held schedule row before the test calls
+#: it stuck (it takes milliseconds when it passes the row over).
+TICK_WAIT_S = 30.0
+
+
+def test_a_tick_passes_over_a_schedule_row_another_session_holds(
+    store: PostgresStore, admin: psycopg.Connection[Any], schema: str, clock: ManualClock
+) -> None:
+    """A session that locked one schedule's row and went quiet (a ticker
+    stopped mid-fire, an operator's open transaction) must not stall the
+    tick at that row: the others fire, and the held one fires its latest
+    boundary on the first tick after the lock is gone."""
+    store.schedule("held", "@every 10s", "q", "held")
+    store.schedule("free", "@every 10s", "q", "free")
+    q = store.queue("q")
+    clock.set(T0 + timedelta(seconds=10))
+    ticked: list[list[int]] = []
+    done = threading.Event()
+
+    def tick() -> None:
+        ticked.append(Scheduler(store).tick())
+        done.set()
+
+    with admin.transaction():
+        admin.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE name = 'held' FOR UPDATE").format(
+                sql.Identifier(schema, "schedules")
+            )
+        )
+        ticker = threading.Thread(target=tick, daemon=True)
+        ticker.start()
+        finished = done.wait(TICK_WAIT_S)
+    ticker.join(TICK_WAIT_S)  # the lock is gone: a stuck tick ends now
+    assert finished, "the tick waited for the held schedule row"
+    (fired,) = ticked
+    assert [job.payload for job in map(q.get_job, fired) if job is not None] == ["free"]
+    held = {s.name: s for s in store.schedules()}["held"]
+    assert (held.next_run_at, held.last_job_id) == (T0 + timedelta(seconds=10), None)
+    clock.set(T0 + timedelta(seconds=25))
+    jobs = [q.get_job(i) for i in Scheduler(store).tick()]
+    assert sorted((j.payload, j.run_at) for j in jobs if j is not None) == [
+        ("free", T0 + timedelta(seconds=20)),
+        ("held", T0 + timedelta(seconds=20)),
+    ]
+
+
 # -- maintenance turns ------------------------------------------------------
 
 

@@ -26,6 +26,8 @@ from alkstore.engine import (
     EncodedPayload,
     Resolved,
     Schedule,
+    UnreadableSchedule,
+    read_schedule,
     schedule_from_values,
     schedule_to_values,
 )
@@ -91,13 +93,12 @@ def _to_row(schedule: Schedule, revision: int) -> dict[str, Any]:
     return row
 
 
-def _from_row(row: Sequence[Any]) -> Schedule:
-    return schedule_from_values(
-        [
-            from_us(value) if column in _INSTANTS and value is not None else value
-            for column, value in zip(SCHEDULE_COLUMNS, row, strict=True)
-        ]
-    )
+def _values(row: Sequence[Any]) -> list[Any]:
+    """A stored row as the core's column values (instants as datetimes)."""
+    return [
+        from_us(value) if column in _INSTANTS and value is not None else value
+        for column, value in zip(SCHEDULE_COLUMNS, row, strict=True)
+    ]
 
 
 def put_schedule(store: SqliteStore, schedule: Schedule) -> Schedule:
@@ -105,7 +106,7 @@ def put_schedule(store: SqliteStore, schedule: Schedule) -> Schedule:
     1), one statement; return the stored row."""
     # fetchall: the statement runs to its end, which commits it.
     (row,) = store._pool.run(fetchall, _PUT, _to_row(schedule, revision=1))
-    return _from_row(row)
+    return schedule_from_values(_values(row))
 
 
 def delete_schedule(store: SqliteStore, name: str) -> bool:
@@ -113,14 +114,17 @@ def delete_schedule(store: SqliteStore, name: str) -> bool:
     return store._pool.run(rowcount, _DELETE, (name,)) == 1
 
 
-def list_schedules(store: SqliteStore, due_at: datetime | None) -> list[Schedule]:
+def list_schedules(
+    store: SqliteStore, due_at: datetime | None
+) -> list[Schedule | UnreadableSchedule]:
     """``Store._list_schedules``: all by name, or the due ones by
-    ``next_run_at`` then name."""
+    ``next_run_at`` then name; a row this version cannot read as an
+    :class:`UnreadableSchedule`."""
     if due_at is None:
         rows = store._pool.run(fetchall, _LIST_ALL, ())
     else:
         rows = store._pool.run(fetchall, LIST_DUE, (to_us(due_at),))
-    return [_from_row(row) for row in rows]
+    return [read_schedule(_values(row)) for row in rows]
 
 
 def _guard(schedule: Schedule, next_run_at: datetime) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from alkstore.engine import (
     EncodedPayload,
     Resolved,
     Schedule,
+    UnreadableSchedule,
     check_engine_options,
     check_schema_version,
     duration_s,
@@ -181,7 +182,7 @@ class SqliteStore(Store):
     def _delete_schedule(self, name: str) -> bool:
         return _schedules.delete_schedule(self, name)
 
-    def _list_schedules(self, due_at: datetime | None) -> list[Schedule]:
+    def _list_schedules(self, due_at: datetime | None) -> list[Schedule | UnreadableSchedule]:
         return _schedules.list_schedules(self, due_at)
 
     def _fire_schedule(

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from alkstore_contract_tests.harness import EngineHarness, StoreTarget
+from alkstore.engine import SCHEDULE_COLUMNS
+from alkstore_contract_tests.harness import JOB_INSERT_FAULT, EngineHarness, StoreTarget
 from alkstore_sqlite import parse_url
 
 __all__ = ["SqliteHarness"]
@@ -21,7 +22,13 @@ __all__ = ["SqliteHarness"]
 # Seconds the application's connection waits for alkstore's write lock.
 _APP_TIMEOUT_S = 30.0
 _FAULT_TRIGGER = "_alkstore_test_dead_insert_fails"
+_JOB_FAULT_TRIGGER = "_alkstore_test_job_insert_fails"
 _WRITE_FAULT_TRIGGERS = ("_alkstore_test_job_update_fails", "_alkstore_test_job_delete_fails")
+
+
+def _literal(text: str) -> str:
+    """``text`` as an SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
 
 
 class SqliteHarness(EngineHarness):
@@ -61,6 +68,38 @@ class SqliteHarness(EngineHarness):
                 conn.execute(f"DROP TRIGGER IF EXISTS {_FAULT_TRIGGER}")
         finally:
             conn.close()
+
+    @contextlib.contextmanager
+    def job_inserts_fail(self, target: StoreTarget, queue: str) -> Iterator[None]:
+        """Every insert into ``_alkstore_jobs`` for ``queue`` aborts while inside."""
+        conn = sqlite3.connect(parse_url(target.url), isolation_level=None, timeout=_APP_TIMEOUT_S)
+        try:
+            conn.execute(
+                f"CREATE TRIGGER {_JOB_FAULT_TRIGGER} BEFORE INSERT ON _alkstore_jobs "
+                f"WHEN NEW.queue = {_literal(queue)} "
+                f"BEGIN SELECT RAISE(ABORT, {_literal(JOB_INSERT_FAULT)}); END"
+            )
+            try:
+                yield
+            finally:
+                conn.execute(f"DROP TRIGGER IF EXISTS {_JOB_FAULT_TRIGGER}")
+        finally:
+            conn.close()
+
+    def overwrite_schedule_column(
+        self, target: StoreTarget, name: str, column: str, value: str | bytes
+    ) -> None:
+        """One ``UPDATE`` of ``_alkstore_schedules``, whose columns are
+        ``SCHEDULE_COLUMNS``."""
+        assert column in SCHEDULE_COLUMNS, column
+        conn = sqlite3.connect(parse_url(target.url), isolation_level=None, timeout=_APP_TIMEOUT_S)
+        try:
+            updated = conn.execute(
+                f"UPDATE _alkstore_schedules SET {column} = ? WHERE name = ?", (value, name)
+            ).rowcount
+        finally:
+            conn.close()
+        assert updated == 1, f"no stored schedule {name!r}"
 
     @contextlib.contextmanager
     def job_writes_fail(self, target: StoreTarget) -> Iterator[None]:

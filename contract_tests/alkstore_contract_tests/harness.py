@@ -21,7 +21,11 @@ import pytest
 import alkstore
 from alkstore import Store
 
-__all__ = ["EngineHarness", "StoreTarget"]
+__all__ = ["JOB_INSERT_FAULT", "EngineHarness", "StoreTarget"]
+
+#: The text of the database error :meth:`EngineHarness.job_inserts_fail`
+#: raises, so the suite can find it in what the scheduler reports.
+JOB_INSERT_FAULT = "injected job-insert failure"
 
 
 class StoreTarget(NamedTuple):
@@ -107,6 +111,27 @@ class EngineHarness:
         is gone after the block."""
         pytest.skip("this engine's harness cannot inject dead-letter faults")
         yield  # type: ignore[unreachable]  # pragma: no cover
+
+    @contextlib.contextmanager
+    def job_inserts_fail(self, target: StoreTarget, queue: str) -> Iterator[None]:
+        """While inside, every insert into the engine's jobs table for the
+        queue ``queue`` raises in the database (a trigger) an error whose
+        text holds :data:`JOB_INSERT_FAULT`: a schedule into that queue can
+        never fire (handed case 014). Inserts into other queues work."""
+        pytest.skip("this engine's harness cannot inject job-insert faults")
+        yield  # type: ignore[unreachable]  # pragma: no cover
+
+    def overwrite_schedule_column(
+        self, target: StoreTarget, name: str, column: str, value: str | bytes
+    ) -> None:
+        """Set one column of the stored schedule ``name`` behind the store's
+        back, as a newer release or a hand edit would (handed case 014).
+
+        ``column`` is one of ``alkstore.engine.SCHEDULE_COLUMNS`` stored as
+        the core encodes it: ``value`` is the text of ``options`` (the JSON
+        of ``Schedule.options_json``), ``spec``, ``timezone``, ``queue`` or
+        ``content_type``, or the bytes of ``payload_bytes``."""
+        pytest.skip("this engine's harness cannot write stored schedule columns")
 
     @contextlib.contextmanager
     def job_writes_fail(self, target: StoreTarget) -> Iterator[None]:

@@ -260,6 +260,30 @@ class UnguardedFireStore(SqliteStore):
         return super()._fire_schedule(current, boundary, next_run_at, resolved, payload)
 
 
+# -- (i) a schedule fire in two transactions --------------------------------
+
+
+class NonAtomicFireStore(SqliteStore):
+    """Moves the schedule past its boundary (the guarded update, committed
+    on its own) and then inserts the job in a second transaction: a failed
+    insert loses the boundary instead of leaving it for the next tick."""
+
+    def _fire_schedule(
+        self,
+        schedule: Schedule,
+        boundary: datetime,
+        next_run_at: datetime,
+        resolved: Resolved,
+        payload: EncodedPayload,
+    ) -> int | None:
+        if not self._skip_schedule(schedule, next_run_at):
+            return None
+        (job_id,) = self._open_queue(schedule.queue, schedule.queue_opts)._insert(
+            resolved, [payload]
+        )
+        return job_id
+
+
 # -- (h) a maintenance turn for everyone, every time -------------------------
 
 
@@ -284,6 +308,7 @@ QUEUE_CLASSES: dict[str, type[SqliteQueue]] = {
 STORE_CLASSES: dict[str, type[SqliteStore]] = {
     "broken-fire": UnguardedFireStore,
     "broken-turn": AlwaysMyTurnStore,
+    "broken-half-fire": NonAtomicFireStore,
 }
 
 
@@ -335,6 +360,19 @@ class _BrokenHarness(SqliteHarness):  # type: ignore[misc, valid-type]
         )
         return faults
 
+    def job_inserts_fail(
+        self, target: StoreTarget, queue: str
+    ) -> contextlib.AbstractContextManager[None]:
+        faults: contextlib.AbstractContextManager[None] = super().job_inserts_fail(
+            _as_sqlite(target), queue
+        )
+        return faults
+
+    def overwrite_schedule_column(
+        self, target: StoreTarget, name: str, column: str, value: str | bytes
+    ) -> None:
+        super().overwrite_schedule_column(_as_sqlite(target), name, column, value)
+
 
 class WrongOrderHarness(_BrokenHarness):
     scheme = "broken-order"
@@ -366,3 +404,7 @@ class UnguardedFireHarness(_BrokenHarness):
 
 class AlwaysMyTurnHarness(_BrokenHarness):
     scheme = "broken-turn"
+
+
+class NonAtomicFireHarness(_BrokenHarness):
+    scheme = "broken-half-fire"

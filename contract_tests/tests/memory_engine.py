@@ -13,7 +13,7 @@ import contextlib
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -32,14 +32,19 @@ from alkstore import (
     SweepResult,
 )
 from alkstore.engine import (
+    SCHEDULE_COLUMNS,
     EncodedPayload,
     Resolved,
+    UnreadableSchedule,
     WakeLatch,
     check_engine_options,
     check_schema_version,
+    read_schedule,
+    schedule_to_values,
 )
-from alkstore.errors import ValidationError
+from alkstore.errors import EngineError, ValidationError
 from alkstore_contract_tests import EngineHarness, StoreTarget
+from alkstore_contract_tests.harness import JOB_INSERT_FAULT
 from alkstore_contract_tests.model import ModelHandle, ModelJob, ModelResolution, ModelStore
 
 
@@ -51,7 +56,10 @@ class _Database:
     next_id: int = 1
     migrated: bool = False
     latches: dict[str, list[WakeLatch]] = field(default_factory=dict)
-    schedules: dict[str, Schedule] = field(default_factory=dict)
+    #: per schedule name: its stored columns (SCHEDULE_COLUMNS)
+    schedules: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: queues whose inserts fail (the harness's job_inserts_fail)
+    failing_queues: set[str] = field(default_factory=set)
     #: per maintenance task: the instant its next turn may be taken
     maintenance_last: dict[str, datetime] = field(default_factory=dict)
     maintenance_locks: dict[str, threading.Lock] = field(default_factory=dict)
@@ -60,6 +68,8 @@ class _Database:
         self, queue: str, resolved: Resolved, payloads: Sequence[EncodedPayload]
     ) -> list[int]:
         """Insert rows (the caller holds :attr:`lock`); return their ids."""
+        if queue in self.failing_queues:
+            raise EngineError(f"memory engine: {JOB_INSERT_FAULT}")
         ids = list(range(self.next_id, self.next_id + len(payloads)))
         self.next_id += len(payloads)
         self.model.insert(queue, ids, [None] * len(ids), ModelResolution(**vars(resolved)))
@@ -116,30 +126,35 @@ class MemoryStore(Store):
     def _put_schedule(self, schedule: Schedule) -> Schedule:
         with self.db.lock:
             old = self.db.schedules.get(schedule.name)
-            stored = replace(schedule, revision=1 if old is None else old.revision + 1)
-            self.db.schedules[schedule.name] = stored
-            return stored
+            row = dict(zip(SCHEDULE_COLUMNS, schedule_to_values(schedule), strict=True))
+            row["revision"] = 1 if old is None else old["revision"] + 1
+            self.db.schedules[schedule.name] = row
+        stored = read_schedule(list(row.values()))
+        assert isinstance(stored, Schedule)
+        return stored
 
     def _delete_schedule(self, name: str) -> bool:
         with self.db.lock:
             return self.db.schedules.pop(name, None) is not None
 
-    def _list_schedules(self, due_at: datetime | None) -> list[Schedule]:
+    def _list_schedules(self, due_at: datetime | None) -> list[Schedule | UnreadableSchedule]:
         with self.db.lock:
-            schedules = list(self.db.schedules.values())
+            rows = [dict(row) for row in self.db.schedules.values()]
         if due_at is None:
-            return sorted(schedules, key=lambda s: s.name)
-        due = [s for s in schedules if s.next_run_at <= due_at]
-        return sorted(due, key=lambda s: (s.next_run_at, s.name))
+            rows.sort(key=lambda r: r["name"])
+        else:
+            rows = [r for r in rows if r["next_run_at"] <= due_at]
+            rows.sort(key=lambda r: (r["next_run_at"], r["name"]))
+        return [read_schedule(list(row.values())) for row in rows]
 
-    def _guard(self, schedule: Schedule) -> Schedule | None:
-        """The stored schedule if it is still ``schedule``'s revision at its
+    def _guard(self, schedule: Schedule) -> dict[str, Any] | None:
+        """The stored row if it is still ``schedule``'s revision at its
         ``next_run_at`` (the caller holds the lock), else ``None``."""
         stored = self.db.schedules.get(schedule.name)
         if (
             stored is None
-            or stored.revision != schedule.revision
-            or stored.next_run_at != schedule.next_run_at
+            or stored["revision"] != schedule.revision
+            or stored["next_run_at"] != schedule.next_run_at
         ):
             return None
         return stored
@@ -157,9 +172,7 @@ class MemoryStore(Store):
             if stored is None:
                 return None
             (job_id,) = self.db.insert(schedule.queue, resolved, [payload])
-            self.db.schedules[schedule.name] = replace(
-                stored, next_run_at=next_run_at, last_run_at=boundary, last_job_id=job_id
-            )
+            stored.update(next_run_at=next_run_at, last_run_at=boundary, last_job_id=job_id)
         self.db.wake(schedule.queue)
         return job_id
 
@@ -168,7 +181,7 @@ class MemoryStore(Store):
             stored = self._guard(schedule)
             if stored is None:
                 return False
-            self.db.schedules[schedule.name] = replace(stored, next_run_at=next_run_at)
+            stored["next_run_at"] = next_run_at
             return True
 
     @contextlib.contextmanager
@@ -342,7 +355,7 @@ alkstore.register("memory", MemoryStore)
 
 class MemoryHarness(EngineHarness):
     """A fresh in-process database per test; no application connection, no
-    fault injection, no child processes."""
+    dead-letter fault injection, no child processes."""
 
     spawned_processes_can_open = False
 
@@ -352,3 +365,21 @@ class MemoryHarness(EngineHarness):
         yield StoreTarget(url, {})
         with _DATABASES_LOCK:
             _DATABASES.pop(url, None)
+
+    @contextlib.contextmanager
+    def job_inserts_fail(self, target: StoreTarget, queue: str) -> Iterator[None]:
+        db = _database(target.url)
+        with db.lock:
+            db.failing_queues.add(queue)
+        try:
+            yield
+        finally:
+            with db.lock:
+                db.failing_queues.discard(queue)
+
+    def overwrite_schedule_column(
+        self, target: StoreTarget, name: str, column: str, value: str | bytes
+    ) -> None:
+        db = _database(target.url)
+        with db.lock:
+            db.schedules[name][column] = value

@@ -104,6 +104,7 @@ FIRE = (
     "or ticking_together or fire_each_boundary or two_schedulers"
 )
 TURN = "once_per_interval or take_turns or turn_in_progress or run_once_sweeps_every_queue"
+POISON = "case_014"
 
 
 def test_wrong_claim_order_fails(run_suite: RunSuite) -> None:
@@ -220,8 +221,18 @@ def test_maintenance_turn_for_everyone_fails(run_suite: RunSuite) -> None:
     }
 
 
+def test_a_schedule_fire_that_commits_before_its_insert_fails(run_suite: RunSuite) -> None:
+    """Case 014's failing insert must leave the schedule due (D17's row and
+    the job commit together): an engine that moves the row first loses the
+    boundary."""
+    result = run_suite("broken_engines", "NonAtomicFireHarness", "-k", POISON)
+    assert failed_tests(result) == {
+        "test_case_014_a_schedule_whose_job_cannot_be_inserted_stops_no_other"
+    }
+
+
 def test_the_sqlite_engine_passes_the_same_selection(run_suite: RunSuite) -> None:
-    keys = (ORDER, STALE, RACE, DEAD, MODEL, REQUEUE, PAUSE, FIRE, TURN)
+    keys = (ORDER, STALE, RACE, DEAD, MODEL, REQUEUE, PAUSE, FIRE, TURN, POISON)
     selection = " or ".join(f"({k})" for k in keys)
     result = run_suite("broken_engines", "SqliteHarness", "-k", selection)
     assert failed_tests(result) == set()

@@ -8,6 +8,8 @@ otherwise; T0 (2030-01-01T00:00:00Z) is a whole multiple of every
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 import traceback
 from collections import Counter
@@ -24,6 +26,7 @@ from alkstore import (
     Store,
     Sweeper,
     SweepResult,
+    UnreadableSchedule,
     ValidationError,
     enqueue_options,
     resolve,
@@ -39,7 +42,7 @@ from alkstore_contract_tests._fixtures import (
     claim_exactly,
     job,
 )
-from alkstore_contract_tests.harness import StoreTarget
+from alkstore_contract_tests.harness import JOB_INSERT_FAULT, StoreTarget
 from alkstore_contract_tests.suite.concurrency import (
     BARRIER_TIMEOUT_S,
     ProcessConcurrencyTests,
@@ -61,6 +64,27 @@ def _only(store: Store) -> Schedule:
     """The store's one schedule."""
     (schedule,) = store.schedules()
     return schedule
+
+
+def _named(store: Store, name: str) -> Schedule:
+    """The store's schedule ``name``."""
+    (schedule,) = [s for s in store.schedules() if s.name == name]
+    return schedule
+
+
+def _with_option(schedule: Schedule, key: str, value: object) -> str:
+    """``schedule``'s stored options text with ``key`` set to ``value``."""
+    options = json.loads(schedule.options_json)
+    options[key] = value
+    return json.dumps(options)
+
+
+def _with_queue_option(schedule: Schedule, key: str, value: object) -> str:
+    """``schedule``'s stored options text with the queue option ``key``
+    set to ``value``."""
+    options = json.loads(schedule.options_json)
+    options["queue_opts"][key] = value
+    return json.dumps(options)
 
 
 def _fire(store: Store, schedule: Schedule, boundary: datetime, next_run_at: datetime) -> Any:
@@ -438,6 +462,7 @@ class ScheduleTests(ContractFixtures):
         store.schedule("s", "@every 10s", "jobs", "x")
         clock.set(at(10))
         (read_early,) = store._list_schedules(clock())
+        assert isinstance(read_early, Schedule)
         (job_id,) = Scheduler(store).tick()
         assert _fire(store, read_early, at(10), at(20)) is None
         assert store._skip_schedule(read_early, at(20)) is False
@@ -495,6 +520,206 @@ class ScheduleTests(ContractFixtures):
         assert q.resume()
         claim_exactly(q, job_id)
 
+    # -- one schedule that cannot fire (handed case 014) -------------------------
+
+    #: Healthy schedules beside the bad one in case 014, and boundaries ticked.
+    CASE_014_SCHEDULES = 100
+    CASE_014_BOUNDARIES = 5
+
+    @staticmethod
+    def _scheduler_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+        """The ERROR messages the scheduler logged so far."""
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == "alkstore.scheduler" and r.levelno >= logging.ERROR
+        ]
+
+    def _save_case_014(self, store: Store) -> None:
+        """The 100 healthy ``@every 60s`` schedules, payloads 0 to 99."""
+        for i in range(self.CASE_014_SCHEDULES):
+            store.schedule(f"s{i:03d}", "@every 60s", "jobs", i)
+
+    def _tick_case_014(self, store: Store, scheduler: Scheduler, clock: ManualClock) -> None:
+        """Tick five boundaries: each fires every healthy schedule once."""
+        q = store.queue("jobs")
+        for k in range(1, self.CASE_014_BOUNDARIES + 1):
+            clock.set(at(60 * k))
+            fired = scheduler.tick()
+            assert sorted(job(q, i).payload for i in fired) == list(
+                range(self.CASE_014_SCHEDULES)
+            ), f"boundary {k}"
+            assert {job(q, i).run_at for i in fired} == {at(60 * k)}
+        assert q.stats() == (self.CASE_014_SCHEDULES * self.CASE_014_BOUNDARIES, 0, 0, 0)
+
+    def test_case_014_a_schedule_whose_job_cannot_be_inserted_stops_no_other(
+        self,
+        store: Store,
+        clock: ManualClock,
+        alkstore_target: StoreTarget,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        """Its insert fails every time (a trigger): the others fire on every
+        boundary, its row is left exactly as it was (the failed fire wrote
+        nothing, so the guard of D17 holds), it is reported once, and it
+        fires its latest boundary once as soon as the fault is gone."""
+        self._save_case_014(store)
+        store.schedule("poisoned", "@every 60s", "poison", "p")
+        scheduler = Scheduler(store)
+        poison = store.queue("poison")
+        with (
+            caplog.at_level(logging.INFO, logger="alkstore.scheduler"),
+            self.job_inserts_fail(alkstore_target, "poison"),
+        ):
+            self._tick_case_014(store, scheduler, clock)
+            stuck = _named(store, "poisoned")
+            assert (stuck.revision, stuck.next_run_at, stuck.last_run_at, stuck.last_job_id) == (
+                1,
+                at(60),
+                None,
+                None,
+            )
+            assert poison.stats() == (0, 0, 0, 0)
+        (error,) = self._scheduler_errors(caplog)
+        assert "'poisoned'" in error
+        assert JOB_INSERT_FAULT in error
+        # the fault is gone: retried on the next tick, its latest boundary once
+        (late,) = scheduler.tick()
+        assert (job(poison, late).payload, job(poison, late).run_at) == ("p", at(300))
+        assert scheduler.tick() == []
+        healed = _named(store, "poisoned")
+        assert (healed.next_run_at, healed.last_run_at, healed.last_job_id) == (
+            at(360),
+            at(300),
+            late,
+        )
+        clock.set(at(360))
+        assert len(scheduler.tick()) == self.CASE_014_SCHEDULES + 1
+        assert self._scheduler_errors(caplog) == [error]
+        assert store.unschedule("poisoned") is True
+        assert len(store.schedules()) == self.CASE_014_SCHEDULES
+
+    def test_case_014_a_schedule_row_from_a_newer_release_stops_no_other(
+        self,
+        store: Store,
+        clock: ManualClock,
+        alkstore_target: StoreTarget,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        """A stored row with a queue option this version does not know (a
+        newer release saved it during a rolling deploy) is unreadable here:
+        skipped by every tick and reported once, named by
+        ``unreadable_schedules()``, and it stops neither the listing, nor
+        saving other schedules, nor deleting or replacing it (docs/decisions.md
+        D27)."""
+        self._save_case_014(store)
+        newer = store.schedule("newer", "@every 60s", "jobs", "newer")
+        self.overwrite_schedule_column(
+            alkstore_target, "newer", "options", _with_queue_option(newer, "lease_renewal_s", 5)
+        )
+        scheduler = Scheduler(store)
+        with caplog.at_level(logging.INFO, logger="alkstore.scheduler"):
+            self._tick_case_014(store, scheduler, clock)
+        (error,) = self._scheduler_errors(caplog)
+        assert "'newer'" in error
+        assert "lease_renewal_s" in error
+        listed = store.schedules()
+        assert [s.name for s in listed] == [f"s{i:03d}" for i in range(self.CASE_014_SCHEDULES)]
+        (unreadable,) = store.unreadable_schedules()
+        assert isinstance(unreadable, UnreadableSchedule)
+        assert (unreadable.name, unreadable.revision) == ("newer", 1)
+        assert "lease_renewal_s" in unreadable.reason
+        store.schedule("another", "@every 60s", "jobs", "another")
+        replaced = store.schedule("newer", "@every 60s", "jobs", "replaced")
+        assert (replaced.revision, replaced.payload) == (2, "replaced")
+        assert replaced.next_run_at == at(360)
+        assert store.unreadable_schedules() == []
+        clock.set(at(360))
+        fired = scheduler.tick()
+        payloads = [job(store.queue("jobs"), i).payload for i in fired]
+        assert len(payloads) == self.CASE_014_SCHEDULES + 2
+        assert {"another", "replaced"} <= set(payloads)
+        assert self._scheduler_errors(caplog) == [error]
+        self.overwrite_schedule_column(
+            alkstore_target, "newer", "options", _with_queue_option(replaced, "lease_renewal_s", 5)
+        )
+        assert store.unschedule("newer") is True
+        assert store.unreadable_schedules() == []
+        assert "newer" not in {s.name for s in store.schedules()}
+
+    @pytest.mark.parametrize(
+        ("column", "value", "reason"),
+        [
+            ("options", lambda s: _with_queue_option(s, "lease_renewal_s", 5), "lease_renewal_s"),
+            ("options", lambda s: _with_option(s, "jitter_s", 10), "jitter_s"),
+            ("options", lambda s: _with_queue_option(s, "max_attempts", 0), "max_attempts"),
+            ("options", lambda s: _with_option(s, "priority", 2**40), "priority"),
+            ("options", lambda s: _with_option(s, "catch_up", "all"), "'all'"),
+            ("options", lambda s: "{not json", "options"),
+            ("options", lambda s: "[]", "options"),
+            ("spec", lambda s: "@fortnightly", "@fortnightly"),
+            ("timezone", lambda s: "Nowhere/Zone", "Nowhere/Zone"),
+            ("queue", lambda s: "bad queue!", "bad queue!"),
+            ("content_type", lambda s: "application/msgpack", "application/msgpack"),
+            ("payload_bytes", lambda s: b"\xff{", "payload"),
+        ],
+        ids=[
+            "unknown-queue-option",
+            "unknown-schedule-option",
+            "queue-option-out-of-rule",
+            "priority-out-of-rule",
+            "unknown-catch-up",
+            "options-not-json",
+            "options-not-an-object",
+            "unknown-spec",
+            "unknown-zone",
+            "bad-queue-name",
+            "unknown-content-type",
+            "payload-not-json",
+        ],
+    )
+    def test_an_unreadable_schedule_is_skipped_listed_replaced_and_deleted(
+        self,
+        *,
+        store: Store,
+        clock: ManualClock,
+        alkstore_target: StoreTarget,
+        caplog: pytest.LogCaptureFixture,
+        column: str,
+        value: Any,
+        reason: str,
+    ) -> None:
+        """Whatever makes a stored row unusable here, it is the only one
+        skipped: ordered first by ``next_run_at`` (it never advances), it
+        does not starve the schedules after it."""
+        bad = store.schedule("bad", "@every 10s", "jobs", "bad")
+        store.schedule("gone", "@every 10s", "jobs", "gone")
+        store.schedule("a", "@every 20s", "jobs", "a")
+        store.schedule("z", "@every 20s", "jobs", "z")
+        for name in ("bad", "gone"):
+            self.overwrite_schedule_column(alkstore_target, name, column, value(bad))
+        q = store.queue("jobs")
+        scheduler = Scheduler(store)
+        with caplog.at_level(logging.INFO, logger="alkstore.scheduler"):
+            for second in (20, 40, 60):
+                clock.set(at(second))
+                assert sorted(job(q, i).payload for i in scheduler.tick()) == ["a", "z"]
+        errors = self._scheduler_errors(caplog)
+        assert len(errors) == 2, errors  # once per schedule and revision
+        assert all(reason in error for error in errors), errors
+        assert [s.name for s in store.schedules()] == ["a", "z"]
+        unreadable = store.unreadable_schedules()
+        assert [(u.name, u.revision) for u in unreadable] == [("bad", 1), ("gone", 1)]
+        assert all(reason in u.reason for u in unreadable), unreadable
+        assert store.unschedule("gone") is True
+        assert store.unschedule("gone") is False
+        fixed = store.schedule("bad", "@every 10s", "jobs", "fixed")
+        assert (fixed.revision, fixed.next_run_at) == (2, at(70))
+        assert store.unreadable_schedules() == []
+        clock.set(at(80))
+        assert sorted(job(q, i).payload for i in scheduler.tick()) == ["a", "fixed", "z"]
+        assert len(self._scheduler_errors(caplog)) == 2
+
     def test_scheduler_validation(self, store: Store) -> None:
         for grace in (-1, float("nan"), True, "60"):
             with pytest.raises(ValidationError):
@@ -512,6 +737,7 @@ class ScheduleTests(ContractFixtures):
                 "unschedule": lambda: store.unschedule("s"),
                 "unschedule-bad": lambda: store.unschedule(""),
                 "schedules": store.schedules,
+                "unreadable_schedules": store.unreadable_schedules,
                 "tick": scheduler.tick,
             }
         )
