@@ -10,6 +10,7 @@ SQLite, and that the harness capabilities skip what such an engine cannot do.
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -60,6 +61,8 @@ class _Database:
     schedules: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: queues whose inserts fail (the harness's job_inserts_fail)
     failing_queues: set[str] = field(default_factory=set)
+    #: whether writes on live rows fail (the harness's job_writes_fail)
+    writes_fail: bool = False
     #: per maintenance task: the instant its next turn may be taken
     maintenance_last: dict[str, datetime] = field(default_factory=dict)
     maintenance_locks: dict[str, threading.Lock] = field(default_factory=dict)
@@ -75,6 +78,12 @@ class _Database:
         self.model.insert(queue, ids, [None] * len(ids), ModelResolution(**vars(resolved)))
         self.payloads.update(zip(ids, payloads, strict=True))
         return ids
+
+    def check_write(self) -> None:
+        """Raise the injected fault of ``job_writes_fail`` (the caller holds
+        :attr:`lock` and is about to change live rows)."""
+        if self.writes_fail:
+            raise EngineError("memory engine: injected job-write failure")
 
     def wake(self, queue: str) -> None:
         """Wake the queue's subscribers (call outside :attr:`lock`)."""
@@ -262,12 +271,17 @@ class MemoryQueue(Queue):
     def _claim(self, worker_id: str, n: int) -> list[JobHandle]:
         now = self._store._now()
         with self.db.lock:
+            if self.db.writes_fail and copy.deepcopy(self.db.model).claim(
+                self.name, worker_id, n, now
+            ):
+                self.db.check_write()  # as a trigger: only a claim that changes rows fails
             claims = self.db.model.claim(self.name, worker_id, n, now)
             return [MemoryHandle(self, self._job(c.snapshot), c) for c in claims]
 
     def _ack_batch(self, job_ids: list[int]) -> int:
         now = self._store._now()
         with self.db.lock:
+            self.db.check_write()
             return self.db.model.ack_batch(self.name, job_ids, now)
 
     def _cancel(self, job_id: int) -> bool:
@@ -332,21 +346,25 @@ class MemoryHandle(JobHandle):
     def _ack(self) -> bool:
         now, db = self._now_and_db()
         with db.lock:
+            db.check_write()
             return bool(db.model.ack(self._claim, now))
 
     def _retry(self, error: str, delay_s: float) -> bool:
         now, db = self._now_and_db()
         with db.lock:
+            db.check_write()
             return bool(db.model.retry(self._claim, error, now, delay_s))
 
     def _dead_letter(self, error: str) -> bool:
         now, db = self._now_and_db()
         with db.lock:
+            db.check_write()
             return bool(db.model.fail(self._claim, error, now))
 
     def _heartbeat(self, extend_s: float) -> bool:
         now, db = self._now_and_db()
         with db.lock:
+            db.check_write()
             return bool(db.model.heartbeat(self._claim, extend_s, now))
 
 
@@ -383,3 +401,14 @@ class MemoryHarness(EngineHarness):
         db = _database(target.url)
         with db.lock:
             db.schedules[name][column] = value
+
+    @contextlib.contextmanager
+    def job_writes_fail(self, target: StoreTarget) -> Iterator[None]:
+        db = _database(target.url)
+        with db.lock:
+            db.writes_fail = True
+        try:
+            yield
+        finally:
+            with db.lock:
+                db.writes_fail = False
