@@ -213,6 +213,10 @@ class Scheduler:
             For an ``interval_s`` outside its rule.
         StoreClosedError
             When the store is closed.
+        EngineError
+            A permanent one (``EngineError.permanent``: the database cannot
+            be written, the schema is gone): retrying cannot help, so
+            ``alkstore scheduler`` exits non-zero on it, as a worker does.
         """
         interval = v.duration_s(interval_s, "interval_s", positive=True)
         stop = stop or threading.Event()
@@ -222,7 +226,7 @@ class Scheduler:
             except ValidationError:
                 raise
             except Exception as exc:
-                if self._store.closed:
+                if self._store.closed or (isinstance(exc, EngineError) and exc.permanent):
                     raise
                 log.warning("scheduler tick failed: %s; retrying", exc, exc_info=True)
             stop.wait(interval)

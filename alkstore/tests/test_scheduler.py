@@ -217,3 +217,15 @@ def test_a_permanent_error_ends_the_tick(path: Path, clock: ManualClock) -> None
         with pytest.raises(EngineError, match="readonly") as raised:
             Scheduler(store).tick()
         assert raised.value.permanent is True
+
+
+def test_a_permanent_error_ends_the_scheduler_run(path: Path, clock: ManualClock) -> None:
+    """``Scheduler.run`` (``alkstore scheduler``) retries a failed tick next
+    interval, but raises a permanent error instead of retrying it forever,
+    so the command exits non-zero as a worker does."""
+    with _ReadOnlyFires(str(path), clock=clock) as store:
+        store.schedule("a", "@hourly", "jobs", "a")
+        clock.advance(3600)
+        with pytest.raises(EngineError, match="readonly") as raised:
+            Scheduler(store).run(interval_s=0.01)
+        assert raised.value.permanent is True
