@@ -692,6 +692,26 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     )
 
 
+#: The most characters of ``last_error`` that ``dead list`` shows.
+LAST_ERROR_WIDTH = 80
+#: Ends a table cell whose text was cut short (as ``docker ps`` does).
+ELLIPSIS = "\u2026"
+
+
+def _first_line(text: str | None, width: int) -> str:
+    """The first line of ``text``, at most ``width`` characters, ending in
+    :data:`ELLIPSIS` when anything was left out (the rest of the line, or
+    further lines: a traceback); ``-`` for none."""
+    if not text:
+        return "-"
+    lines = text.splitlines()  # \r and the other line breaks too: one row each
+    first = lines[0] if lines else ""
+    more = bool(text[len(first) :].strip())
+    if len(first) > width:
+        return first[: width - 1] + ELLIPSIS
+    return first + ELLIPSIS if more else first
+
+
 def _when(value: datetime | None) -> str:
     return "-" if value is None else value.isoformat(timespec="seconds")
 
@@ -734,7 +754,7 @@ def dead_list(
             str(found.id),
             _when(found.died_at),
             f"{found.attempts}/{found.max_attempts}",
-            (found.last_error or "-").split("\n", 1)[0][:80],
+            _first_line(found.last_error, LAST_ERROR_WIDTH),
         )
         for found in jobs
     ]

@@ -102,9 +102,9 @@ def test_dead_list_prints_a_table_and_pages(project: Path, url: str) -> None:
     header = lines[0]
     assert header.split() == ["id", "died_at", "attempts", "last_error"]
     assert [line.split() for line in lines[1:]] == [
-        [str(first), LONG_AGO_ISO, "1/5", "boom"],  # the first line only
+        [str(first), LONG_AGO_ISO, "1/5", "boom\u2026"],  # the first line, marked cut
         [str(second), LONG_AGO_ISO, "1/5", "failed"],  # SPEC §3: fail(None)
-        [str(third), LONG_AGO_ISO, "1/5", "x" * 80],  # cut at 80 characters
+        [str(third), LONG_AGO_ISO, "1/5", "x" * 79 + "\u2026"],  # 80 characters, marked
     ]
     for line in lines[1:]:  # the columns line up under the header
         assert line.index(LONG_AGO_ISO) == header.index("died_at")
@@ -121,6 +121,29 @@ def test_dead_list_prints_a_table_and_pages(project: Path, url: str) -> None:
         "no dead jobs in queue mail\n"
     )
     assert ok(run(project, url, "dead", "list", "other")) == "no dead jobs in queue other\n"
+
+
+@pytest.mark.parametrize(
+    ("error", "shown"),
+    [
+        ("y" * 80, "y" * 80),  # fits: whole, unmarked
+        ("y" * 81, "y" * 79 + "\u2026"),
+        ("ValueError: boom\n\nTraceback (most recent call last):", "ValueError: boom\u2026"),
+        ("carriage\rreturn", "carriage\u2026"),  # a line break of its own
+        ("done\n", "done"),  # only a final newline: nothing left out
+        ("\nafter a blank first line", "\u2026"),
+    ],
+    ids=["80", "81", "traceback", "carriage-return", "final-newline", "blank-first-line"],
+)
+def test_dead_list_marks_a_cut_error_with_an_ellipsis(
+    project: Path, url: str, error: str, shown: str
+) -> None:
+    """The table shows at most 80 characters of the first line; an ellipsis
+    says that ``alkstore job ID`` has more to show."""
+    (job_id,) = bury(url, "mail", [error])
+    header, row = ok(run(project, url, "dead", "list", "mail")).splitlines()
+    assert row[header.index("last_error") :] == shown
+    assert row.startswith(str(job_id))
 
 
 def test_dead_list_json_is_one_object_per_line(project: Path, url: str) -> None:
