@@ -24,7 +24,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -32,11 +32,13 @@ import click
 import alkstore
 from alkstore import _validation as v
 from alkstore._app import App
-from alkstore._codec import MAX_NESTING
+from alkstore._codec import MAX_NESTING, encode_payload
 from alkstore._cron import parse_schedule
 from alkstore._job import Job, QueueStats
+from alkstore._options import QueueOpts
 from alkstore._queue import Queue
 from alkstore._redact import redact_url
+from alkstore._resolution import enqueue_options, resolve
 from alkstore._schedule import CATCH_UP_POLICIES
 from alkstore._scheduler import Scheduler
 from alkstore._signals import stop_signals
@@ -500,15 +502,29 @@ def enqueue(
         "expires": expires,
     }
     with ctx.errors():
+        # Everything enqueue would refuse, before the store opens (and so
+        # before a mistyped queue name creates a database file).
+        v.queue_name(queue_name)
         if app_spec:
             app = ctx.app(app_spec)
-            _check_task(app, app_spec, queue_name, value)  # before the store opens
+            _check_task(app, app_spec, queue_name, value)
+            _check_enqueue(value, options, app.queue_opts(queue_name))
             with app:
                 job_id = app.queue(queue_name).enqueue(value, **options)
         else:
+            _check_enqueue(value, options, QueueOpts())
             with ctx.open() as store:
                 job_id = store.queue(queue_name).enqueue(value, **options)
     click.echo(job_id)
+
+
+def _check_enqueue(value: object, options: dict[str, Any], opts: QueueOpts) -> None:
+    """Apply the core's enqueue checks without a store: the payload codec
+    and the options, resolved against the queue's ``opts`` (an expiry at or
+    before the job is due is refused). Resolution compares instants taken
+    from one clock reading, so this host's clock gives the store's answer."""
+    encode_payload(value)
+    resolve(datetime.now(UTC), opts, enqueue_options(**options))
 
 
 def _check_task(app: App, app_spec: str, queue_name: str, payload: object) -> None:
@@ -568,6 +584,7 @@ def stats(
     pending: due now; scheduled: due later (delayed or backing off);
     processing: claimed by a worker; dead: dead letters.
     """
+    _check_queue_names(ctx, queues)
     with ctx.errors():
         stack, handles = _queues_of(ctx, queues, app_spec, migrate=False)
         with stack:
@@ -618,6 +635,7 @@ def job(
     so the job is looked up in each queue named by --queue and --app, in
     order; with neither, in every queue of the store.
     """
+    _check_queue_names(ctx, queues)
     with ctx.errors():
         stack, handles = _queues_of(ctx, queues, app_spec, migrate=False)
         with stack:
@@ -679,8 +697,14 @@ def resume(ctx: _Context, *, queue_name: str, app_spec: str | None) -> None:
 def _check_queue_name(ctx: _Context, name: str) -> None:
     """Refuse a bad queue name before the store opens (SPEC §3: arguments
     are checked before any I/O)."""
+    _check_queue_names(ctx, (name,))
+
+
+def _check_queue_names(ctx: _Context, names: Sequence[str]) -> None:
+    """:func:`_check_queue_name` for each of ``names``."""
     with ctx.errors():
-        v.queue_name(name)
+        for name in names:
+            v.queue_name(name)
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

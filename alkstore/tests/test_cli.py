@@ -313,6 +313,66 @@ def test_errors_are_one_line_and_exit_1(project: Path, args: tuple[str, ...], me
     assert message in line
 
 
+#: A bad argument for every check of every command, and what its error says.
+BAD_ARGUMENTS = [
+    (("worker", "jobs:app", "-q", "bad name"), "queue name 'bad name'"),
+    (("worker", "jobs:app", "--worker-id", ""), "worker_id must be 1 to 255 characters"),
+    (("worker", "jobs:app", "-c", "0"), "is not in the range 1<=x<=1024"),
+    (("worker", "jobs:app", "--poll-interval", "0"), "must be > 0 seconds"),
+    (("worker", "jobs:app", "--grace-period", "-1"), "must be >= 0 seconds"),
+    (("worker", "nosuchmodule:app"), "cannot import 'nosuchmodule'"),
+    (("enqueue", "bad name", "1"), "queue name 'bad name'"),
+    (("enqueue", "bad name", "1", "--app", "jobs:app"), "queue name 'bad name'"),
+    (("enqueue", "mail", "{not json"), "the payload is not valid JSON"),
+    (("enqueue", "mail", '"\\ud800"'), "payload holds a lone surrogate"),
+    (
+        ("enqueue", "mail", '{"task": "send", "args": ["\\ud800"]}', "--app", "jobs:app"),
+        "payload['args'][0] holds a lone surrogate",
+    ),
+    (("enqueue", "mail", '{"task": "sned"}', "--app", "jobs:app"), "has no task 'sned'"),
+    (("enqueue", "mail", "1", "--delay", "60", "--expires", "10"), "the job would expire"),
+    (("enqueue", "mail", "1", "--delay", "nan"), "must be finite, got nan"),
+    (("enqueue", "mail", "1", "--max-attempts", "0"), "is not in the range 1<=x<="),
+    (("stats", "-q", "bad name"), "queue name 'bad name'"),
+    (("stats", "--watch", "--interval", "0"), "is not in the range x>=0.1"),
+    (("job", "1", "-q", "bad name"), "queue name 'bad name'"),
+    (("job", "one"), "'one' is not a valid integer"),
+    (("pause", "bad name"), "queue name 'bad name'"),
+    (("resume", "bad name"), "queue name 'bad name'"),
+    (("dead", "list", "bad name"), "queue name 'bad name'"),
+    (("dead", "list", "mail", "--limit", "0"), "is not in the range 1<=x<=10000"),
+    (("dead", "requeue", "bad name", "--all"), "queue name 'bad name'"),
+    (("dead", "requeue", "mail"), "give the dead job ids to requeue, or --all"),
+    (("dead", "requeue", "mail", "--all", "--delay", "-1"), "must be >= 0 seconds"),
+    (("dead", "purge", "bad name", "--yes"), "queue name 'bad name'"),
+    (("dead", "purge", "mail", "--older-than", "inf"), "must be finite, got inf"),
+    (("schedule", "bad name", "@daily", "q", "1"), "schedule name 'bad name'"),
+    (("schedule", "s", "@daily", "bad name", "1"), "queue name 'bad name'"),
+    (("schedule", "s", "bogus", "q", "1"), "invalid cron expression 'bogus'"),
+    (("schedule", "s", "@daily", "q", "{nope"), "the payload is not valid JSON"),
+    (("unschedule", "bad name"), "schedule name 'bad name'"),
+    (("scheduler", "--interval", "0"), "must be > 0 seconds"),
+    (("migrate", "--app", "nosuchmodule:app"), "cannot import 'nosuchmodule'"),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"), BAD_ARGUMENTS, ids=[" ".join(args) for args, _ in BAD_ARGUMENTS]
+)
+def test_no_command_creates_a_database_before_refusing_an_argument(
+    project: Path, args: tuple[str, ...], message: str
+) -> None:
+    """On the default store, ``sqlite:///alkstore.db`` in the current
+    directory: every argument is checked before the store opens, so a bad
+    one is reported as itself and leaves no file behind."""
+    before = sorted(p.name for p in project.iterdir())
+    result = command(project, *args)
+    assert result.returncode in (1, 2), (result.stdout, result.stderr)
+    assert message in result.stderr, result.stderr
+    assert "SchemaVersionError" not in result.stderr
+    assert sorted(p.name for p in project.iterdir() if p.name != "__pycache__") == before
+
+
 def test_a_missing_job_is_an_error(project: Path, url: str) -> None:
     ok(command(project, "--url", url, "migrate"))
     assert "no job 99 in queue(s) mail" in one_line_error(
