@@ -25,7 +25,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NamedTuple, NoReturn, TypeVar
 
 import click
 
@@ -56,7 +56,11 @@ __all__ = ["cli", "load_app", "main"]
 
 #: The environment variable naming the app of ``--app``.
 APP_ENV = "ALKSTORE_APP"
-STATS_COLUMNS = ("pending", "scheduled", "processing", "dead")
+#: What ``stats`` and ``job`` say when no queue holds a job or is paused.
+NO_JOBS = "no jobs in any queue"
+#: The counts of ``stats``: QueueStats' fields, with the lapsed claims
+#: (part of processing) after processing.
+STATS_COLUMNS = ("pending", "scheduled", "processing", "lapsed", "dead")
 
 log = logging.getLogger("alkstore.cli")
 
@@ -552,15 +556,33 @@ def _check_task(app: App, app_spec: str, queue_name: str, payload: object) -> No
         )
 
 
-def _stats_table(rows: Sequence[tuple[str, QueueStats]]) -> str:
-    header = ("queue", *STATS_COLUMNS)
-    cells = [header, *((name, *map(str, stats)) for name, stats in rows)]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+class _QueueRow(NamedTuple):
+    """One queue's line of ``stats``."""
+
+    name: str
+    stats: QueueStats
+    lapsed: int
+    paused: bool
+
+
+def _stats_rows(queues: Sequence[Queue]) -> list[_QueueRow]:
+    """Each queue's counts, lapsed claims and pause flag (three reads)."""
+    return [_QueueRow(q.name, q.stats(), q.lapsed_claims(), q.is_paused()) for q in queues]
+
+
+def _stats_table(rows: Sequence[_QueueRow]) -> str:
+    """Names left, counts right, then ``yes``/``no`` under ``paused``."""
+    cells: list[tuple[str, ...]] = [("queue", *STATS_COLUMNS, "paused")]
+    for row in rows:
+        pending, scheduled, processing, dead = row.stats
+        counts = (pending, scheduled, processing, row.lapsed, dead)
+        cells.append((row.name, *map(str, counts), "yes" if row.paused else "no"))
+    widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
     lines = []
-    for row in cells:
-        first = row[0].ljust(widths[0])
-        rest = (cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True))
-        lines.append("  ".join((first, *rest)))
+    for line in cells:
+        first = line[0].ljust(widths[0])
+        numbers = (cell.rjust(width) for cell, width in zip(line[1:-1], widths[1:-1], strict=True))
+        lines.append("  ".join((first, *numbers, line[-1])))
     return "\n".join(lines)
 
 
@@ -579,24 +601,27 @@ def _stats_table(rows: Sequence[tuple[str, QueueStats]]) -> str:
 def stats(
     ctx: _Context, *, queues: tuple[str, ...], app_spec: str | None, watch: bool, interval: float
 ) -> None:
-    """Show pending, scheduled, processing and dead counts per queue.
+    """Show each queue's job counts and whether it is paused.
 
     pending: due now; scheduled: due later (delayed or backing off);
-    processing: claimed by a worker; dead: dead letters.
+    processing: claimed by a worker; lapsed: of those, the claims past their
+    deadline (a worker died or stalled; the next claim takes them back);
+    dead: dead letters.
     """
     _check_queue_names(ctx, queues)
     with ctx.errors():
         stack, handles = _queues_of(ctx, queues, app_spec, migrate=False)
         with stack:
             if not handles:
-                click.echo("no queues yet")
+                # A store whose queues were all drained lists none either.
+                click.echo(NO_JOBS)
                 return
             if not watch:
-                click.echo(_stats_table([(q.name, q.stats()) for q in handles]))
+                click.echo(_stats_table(_stats_rows(handles)))
                 return
             try:
                 while True:
-                    table = _stats_table([(q.name, q.stats()) for q in handles])
+                    table = _stats_table(_stats_rows(handles))
                     click.clear()
                     now = datetime.now().astimezone()
                     click.echo(f"{now:%Y-%m-%d %H:%M:%S %Z}  (Ctrl-C to stop)\n{table}")
@@ -642,9 +667,7 @@ def job(
             found = next((j for q in handles if (j := q.get_job(job_id)) is not None), None)
     if found is None:
         names = ", ".join(q.name for q in handles)
-        _fail(
-            f"no job {job_id} in queue(s) {names}" if names else f"no job {job_id}: no queues yet"
-        )
+        _fail(f"no job {job_id} in queue(s) {names}" if names else f"no job {job_id}: {NO_JOBS}")
     fields = _job_fields(found)
     if as_json:
         click.echo(json.dumps(fields, ensure_ascii=False, indent=2))

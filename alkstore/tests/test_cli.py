@@ -112,9 +112,9 @@ def test_migrate_then_enqueue_stats_and_job(project: Path, url: str) -> None:
 
     table = ok(command(project, "--url", url, "stats", "-q", "mail", "-q", "empty"))
     assert table.splitlines() == [
-        "queue  pending  scheduled  processing  dead",
-        "mail         1          1           0     0",
-        "empty        0          0           0     0",
+        "queue  pending  scheduled  processing  lapsed  dead  paused",
+        "mail         1          1           0       0     0  no",
+        "empty        0          0           0       0     0  no",
     ]
 
     shown = ok(command(project, "--url", url, "job", second.strip(), "-q", "empty", "-q", "mail"))
@@ -163,7 +163,7 @@ def test_an_app_names_the_queues_and_their_options(project: Path, url: str) -> N
     )
     assert shown["max_attempts"] == 3  # the app's option for "mail"
     table = ok(command(project, "--url", url, "stats", env={"ALKSTORE_APP": "jobs:app"}))
-    assert table.splitlines()[1].split() == ["mail", "1", "0", "0", "0"]
+    assert table.splitlines()[1].split() == ["mail", "1", "0", "0", "0", "0", "no"]
 
 
 def test_worker_burst_runs_the_jobs_and_logs_each(project: Path, url: str) -> None:
@@ -186,7 +186,7 @@ def test_worker_burst_runs_the_jobs_and_logs_each(project: Path, url: str) -> No
     assert result.stderr.count(") succeeded: attempt 1 of 5") == 2  # enqueued without --app
     assert "unknown task 'nope'" in result.stderr
     table = ok(command(project, "--url", url, "stats", "--app", "jobs:app"))
-    assert table.splitlines()[1].split() == ["mail", "0", "0", "0", "1"]
+    assert table.splitlines()[1].split() == ["mail", "0", "0", "0", "0", "1", "no"]
 
 
 @pytest.mark.parametrize(
@@ -214,7 +214,15 @@ def test_a_url_on_the_command_line_overrides_the_apps(project: Path, url: str) -
     ok(command(project, "--url", url, "worker", "jobs:other", "-q", "mail", "--burst"))
     assert not (project / "other.db").exists()
     table = ok(command(project, "--url", url, "stats", "-q", "mail"))
-    assert table.splitlines()[1].split() == ["mail", "0", "0", "0", "1"]  # other has no tasks
+    assert table.splitlines()[1].split() == [
+        "mail",
+        "0",
+        "0",
+        "0",
+        "0",
+        "1",
+        "no",
+    ]  # other has no tasks
 
 
 def test_sigterm_lets_the_running_job_finish(project: Path, url: str) -> None:
@@ -253,7 +261,7 @@ def test_sigterm_lets_the_running_job_finish(project: Path, url: str) -> None:
     assert "SIGTERM received" in stderr
     assert "succeeded" in stderr
     table = ok(command(project, "--url", url, "stats", "-q", "mail"))
-    assert table.splitlines()[1].split() == ["mail", "0", "0", "0", "0"]
+    assert table.splitlines()[1].split() == ["mail", "0", "0", "0", "0", "0", "no"]
 
 
 def test_stats_watch_redraws_until_interrupted(project: Path, url: str) -> None:
@@ -437,6 +445,8 @@ def test_read_only_commands_do_not_migrate_an_apps_own_store(project: Path) -> N
         "0",
         "0",
         "0",
+        "0",
+        "no",
     ]
 
 
