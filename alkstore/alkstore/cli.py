@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, NoReturn, TypeVar
 
@@ -221,6 +221,8 @@ class _Context:
         self.url = url
         self.url_from_command_line = url_from_command_line
         self.debug = debug
+        #: The ``--app`` loaded by :meth:`store` or :func:`_queues_of`, and its spec.
+        self.loaded_app: tuple[App, str] | None = None
 
     def errors(self) -> contextlib.AbstractContextManager[None]:
         """:func:`_errors` with this command's ``--debug``."""
@@ -246,6 +248,11 @@ class _Context:
                 app.configure(migrate=migrate)
         return app
 
+    def warn_unknown_queues(self, store: Store, names: Iterable[str]) -> None:
+        """:func:`_warn_unknown_queues` with the app this command loaded."""
+        app, spec = self.loaded_app or (None, None)
+        _warn_unknown_queues(store, names, app, spec)
+
     def open(self, *, migrate: bool = True) -> Store:
         return alkstore.open(self.url, migrate=migrate)
 
@@ -255,6 +262,7 @@ class _Context:
         say), else of ``--url``; ``migrate=False`` never creates a schema."""
         if app_spec:
             with self.app(app_spec, migrate=None if migrate else False) as app:
+                self.loaded_app = (app, app_spec)
                 yield app.store
         else:
             with self.open(migrate=migrate) as store:
@@ -272,17 +280,45 @@ def _queues_of(
     stack = contextlib.ExitStack()
     if app_spec:
         app = stack.enter_context(ctx.app(app_spec, migrate=None if migrate else False))
+        ctx.loaded_app = (app, app_spec)
         all_names = list(dict.fromkeys([*names, *app.queue_names, *app.relays]))
         if not all_names:
             stack.close()
             _fail(f"{app_spec} has no tasks, so names no queue; add --queue NAME")
         with _closing_on_error(stack):
-            return stack, [app.queue(name) for name in all_names]
+            handles = [app.queue(name) for name in all_names]
+            ctx.warn_unknown_queues(app.store, names)
+            return stack, handles
     store = stack.enter_context(ctx.open(migrate=migrate))
     with _closing_on_error(stack):
+        ctx.warn_unknown_queues(store, names)
         if not names:
             names = store.queue_names()  # none at all in a new store
         return stack, [store.queue(name) for name in dict.fromkeys(names)]
+
+
+def _warn_unknown_queues(
+    store: Store, names: Iterable[str], app: App | None, app_spec: str | None
+) -> None:
+    """Warn on stderr about each of ``names`` that no task or relay of
+    ``app`` declares and that holds no live or dead job and is not paused
+    (one index-driven :meth:`Store.queue_names`): most likely a typo, which
+    would otherwise act on an empty queue in silence. The command goes on."""
+    declared = set() if app is None else {*app.queue_names, *app.relays}
+    unknown = [name for name in dict.fromkeys(names) if name not in declared]
+    if not unknown:
+        return
+    known = set(store.queue_names())
+    for name in unknown:
+        if name in known:
+            continue
+        if app is None:
+            why = "holds no jobs and is not paused"
+            hint = " (with --app MODULE:APP, the queues of the app's tasks count as known)"
+        else:
+            why = f"holds no jobs, is not paused, and no task or relay of {app_spec} declares it"
+            hint = ""
+        click.echo(f"Warning: queue {name!r} {why}: check its name{hint}", err=True)
 
 
 @contextlib.contextmanager
@@ -458,6 +494,7 @@ def worker(
             tick_interval_s=tick_interval or None,
             worker_id=worker_id,
         )
+        _warn_unknown_queues(app.store, queues, app, app_spec)
         logging.getLogger("alkstore.worker").info(
             "worker %s on %s", runner.worker_id, redact_url(app.url)
         )
@@ -511,13 +548,16 @@ def enqueue(
         v.queue_name(queue_name)
         if app_spec:
             app = ctx.app(app_spec)
-            _check_task(app, app_spec, queue_name, value)
+            elsewhere = _check_task(app, app_spec, queue_name, value)
             _check_enqueue(value, options, app.queue_opts(queue_name))
             with app:
+                if not elsewhere:  # that warning names the queue already
+                    _warn_unknown_queues(app.store, [queue_name], app, app_spec)
                 job_id = app.queue(queue_name).enqueue(value, **options)
         else:
             _check_enqueue(value, options, QueueOpts())
             with ctx.open() as store:
+                _warn_unknown_queues(store, [queue_name], None, None)
                 job_id = store.queue(queue_name).enqueue(value, **options)
     click.echo(job_id)
 
@@ -531,13 +571,14 @@ def _check_enqueue(value: object, options: dict[str, Any], opts: QueueOpts) -> N
     resolve(datetime.now(UTC), opts, enqueue_options(**options))
 
 
-def _check_task(app: App, app_spec: str, queue_name: str, payload: object) -> None:
+def _check_task(app: App, app_spec: str, queue_name: str, payload: object) -> bool:
     """With ``--app``: refuse a task payload naming a task the app does not
     have (its worker would dead-letter the job as unknown), or arguments
     that do not fit the task's function; warn when the task is declared on
-    another queue (the app's workers claim from it only if given ``-q``)."""
+    another queue (the app's workers claim from it only if given ``-q``),
+    and then return ``True``."""
     if not isinstance(payload, dict) or "task" not in payload:
-        return  # not meant as a task payload: a queue of the app's, used by hand
+        return False  # not meant as a task payload: a queue of the app's, used by hand
     try:
         call = parse_task_payload(payload)
     except ValueError as exc:
@@ -554,6 +595,8 @@ def _check_task(app: App, app_spec: str, queue_name: str, payload: object) -> No
             f"only when started with -q {queue_name}",
             err=True,
         )
+        return True
+    return False
 
 
 class _QueueRow(NamedTuple):
@@ -699,6 +742,7 @@ def pause(ctx: _Context, *, queue_name: str, app_spec: str | None) -> None:
     """Stop workers everywhere from claiming QUEUE's jobs (enqueues still land)."""
     _check_queue_name(ctx, queue_name)
     with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
+        ctx.warn_unknown_queues(store, [queue_name])
         changed = store.queue(queue_name).pause()
     click.echo(
         f"queue {queue_name} paused" if changed else f"queue {queue_name} was already paused"
@@ -713,6 +757,7 @@ def resume(ctx: _Context, *, queue_name: str, app_spec: str | None) -> None:
     """Let workers claim QUEUE's jobs again."""
     _check_queue_name(ctx, queue_name)
     with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
+        ctx.warn_unknown_queues(store, [queue_name])
         changed = store.queue(queue_name).resume()
     click.echo(f"queue {queue_name} resumed" if changed else f"queue {queue_name} was not paused")
 
@@ -788,6 +833,7 @@ def dead_list(
     last id shown for the next page)."""
     _check_queue_name(ctx, queue_name)
     with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
+        ctx.warn_unknown_queues(store, [queue_name])
         jobs = store.queue(queue_name).dead_jobs(limit, after_id)
     if as_json:
         for found in jobs:
@@ -833,6 +879,7 @@ def dead_requeue(
         _fail("give the dead job ids to requeue, or --all (not both)")
     requeued = missing = 0
     with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
+        ctx.warn_unknown_queues(store, [queue_name])
         queue = store.queue(queue_name)
         for job_id in job_ids or _every_dead_id(queue):
             if queue.requeue(job_id, delay=delay):
@@ -872,6 +919,7 @@ def dead_purge(
     if older_than is None and not yes:
         click.confirm(f"delete every dead job of queue {queue_name}?", abort=True)
     with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
+        ctx.warn_unknown_queues(store, [queue_name])
         purged = store.queue(queue_name).purge_dead(older_than)
     click.echo(f"{purged} dead job(s) purged")
 

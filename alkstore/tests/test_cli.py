@@ -383,9 +383,83 @@ def test_no_command_creates_a_database_before_refusing_an_argument(
 
 def test_a_missing_job_is_an_error(project: Path, url: str) -> None:
     ok(command(project, "--url", url, "migrate"))
-    assert "no job 99 in queue(s) mail" in one_line_error(
-        command(project, "--url", url, "job", "99", "-q", "mail")
+    result = command(project, "--url", url, "job", "99", "-q", "mail")
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        unknown_queue_warning("mail"),
+        "Error: no job 99 in queue(s) mail",
+    ]
+
+
+def unknown_queue_warning(name: str, app_spec: str | None = None) -> str:
+    """What a command prints on stderr for a queue it does not know."""
+    if app_spec is None:
+        return (
+            f"Warning: queue {name!r} holds no jobs and is not paused: check its name "
+            "(with --app MODULE:APP, the queues of the app's tasks count as known)"
+        )
+    return (
+        f"Warning: queue {name!r} holds no jobs, is not paused, and no task or relay of "
+        f"{app_spec} declares it: check its name"
     )
+
+
+#: Each command that takes a queue name, given the mistyped ``mial``.
+ON_AN_UNKNOWN_QUEUE = [
+    (("pause", "mial"), "queue mial paused\n"),
+    (("resume", "mial"), "queue mial was not paused\n"),
+    (("enqueue", "mial", "1"), "1\n"),
+    (("stats", "-q", "mial"), None),
+    (("dead", "list", "mial"), "no dead jobs in queue mial\n"),
+    (("dead", "requeue", "mial", "--all"), "0 job(s) requeued\n"),
+    (("dead", "purge", "mial", "--yes"), "0 dead job(s) purged\n"),
+]
+
+
+@pytest.mark.parametrize("app_spec", [None, "jobs:app"])
+@pytest.mark.parametrize(
+    ("args", "out"),
+    ON_AN_UNKNOWN_QUEUE,
+    ids=[" ".join(a for a in args if a != "mial") for args, _ in ON_AN_UNKNOWN_QUEUE],
+)
+def test_a_queue_nothing_knows_gets_a_warning_and_the_command_goes_on(
+    project: Path, url: str, app_spec: str | None, args: tuple[str, ...], out: str | None
+) -> None:
+    """No task declares ``mial`` and it holds no row: a typo, most likely,
+    which would otherwise act on an empty queue in silence."""
+    ok(command(project, "--url", url, "migrate"))
+    app = () if app_spec is None else ("--app", app_spec)
+    result = command(project, "--url", url, *args, *app)
+    if out is None:  # a table
+        assert ok(result).splitlines()[1].split()[0] == "mial"
+    else:
+        assert ok(result) == out
+    assert result.stderr.splitlines() == [unknown_queue_warning("mial", app_spec)]
+    # A queue the app declares, or one that holds a job, is known.
+    known = command(project, "--url", url, *(a.replace("mial", "mail") for a in args), *app)
+    if app_spec is None:
+        assert known.stderr.splitlines() == [unknown_queue_warning("mail")]
+        ok(command(project, "--url", url, "enqueue", "mail", "2"))
+        known = command(project, "--url", url, *(a.replace("mial", "mail") for a in args))
+    assert known.returncode == 0, known.stderr
+    assert known.stderr == ""
+
+
+def test_worker_and_job_warn_about_a_queue_nothing_knows(project: Path, url: str) -> None:
+    ok(command(project, "--url", url, "migrate"))
+    worker = command(project, "--url", url, "worker", "jobs:app", "-q", "mial", "--burst")
+    ok(worker)
+    assert unknown_queue_warning("mial", "jobs:app") in worker.stderr.splitlines()
+    assert "started: queues mial," in worker.stderr  # and it ran on it
+    declared = command(project, "--url", url, "worker", "jobs:app", "-q", "mail", "--burst")
+    assert "Warning" not in ok(declared) + declared.stderr
+    job = command(
+        project, "--url", url, "job", "1", "-q", "mail", "-q", "mial", "--app", "jobs:app"
+    )
+    assert job.stderr.splitlines() == [
+        unknown_queue_warning("mial", "jobs:app"),
+        "Error: no job 1 in queue(s) mail, mial",
+    ]
 
 
 def test_redact_url_hides_passwords() -> None:
