@@ -50,7 +50,7 @@ from alkstore._worker import (
     DEFAULT_SWEEP_INTERVAL_S,
     DEFAULT_TICK_INTERVAL_S,
 )
-from alkstore.errors import AlkstoreError, ValidationError
+from alkstore.errors import AlkstoreError, SchemaVersionError, ValidationError
 
 __all__ = ["cli", "load_app", "main"]
 
@@ -1074,10 +1074,53 @@ def scheduler(ctx: _Context, *, interval: float, log_level: str, app_spec: str |
 @_APP_STORE
 @click.pass_obj
 def migrate(ctx: _Context, *, app_spec: str | None) -> None:
-    """Create or upgrade the store's schema (idempotent)."""
-    with ctx.errors(), ctx.store(app_spec, migrate=True) as store:
-        store.migrate()
-    click.echo("schema is up to date")
+    """Create or upgrade the store's schema (idempotent), and say which.
+
+    Prints that it created the schema, upgraded it from one version to
+    another, or found it at this code's version already.
+    """
+    found: SchemaVersionError | None = None
+    with ctx.errors():
+        try:
+            # A look that creates nothing: a store opened with migrate=False
+            # refuses a missing schema (and, on SQLite, an older one) with
+            # the version it found (SPEC §3 "Schema").
+            with _schema_store(ctx, app_spec, migrate=False) as store:
+                before = store._schema_version()
+        except SchemaVersionError as exc:
+            if exc.found is not None and exc.expected is not None and exc.found > exc.expected:
+                raise  # newer than this code: nothing to do but say so
+            found, before = exc, exc.found
+        with _schema_store(ctx, app_spec, migrate=True) as store:
+            store.migrate()
+            after = store._schema_version()
+    click.echo(_migrated(found, before, after))
+
+
+@contextlib.contextmanager
+def _schema_store(ctx: _Context, app_spec: str | None, *, migrate: bool) -> Iterator[Store]:
+    """The store of ``--app`` or ``--url`` opened with exactly this
+    ``migrate=`` (the app's own engine option does not apply here)."""
+    if app_spec:
+        with ctx.app(app_spec, migrate=migrate) as app:
+            yield app.store
+    else:
+        with ctx.open(migrate=migrate) as store:
+            yield store
+
+
+def _migrated(refused: SchemaVersionError | None, before: int | None, after: int | None) -> str:
+    """What ``migrate`` did: ``refused`` is the look's error (a missing or
+    older schema), ``before`` and ``after`` the stored versions around the
+    migration (``None`` where the engine does not say)."""
+    at = "" if after is None else f" at version {after}"
+    if refused is not None and refused.expected is not None and refused.found is None:
+        return f"created the alkstore schema{at}"
+    if before is not None and after is not None and before < after:
+        return f"upgraded the alkstore schema from version {before} to {after}"
+    if refused is None and before is not None and before == after:
+        return f"the alkstore schema is already at version {after}"
+    return f"the alkstore schema is up to date{at}"
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import alkstore
-from alkstore.engine import redact_url
+import alkstore_sqlite
+from alkstore.engine import check_schema_version, redact_url
 
 WAIT_S = 60.0
 
@@ -103,7 +108,7 @@ def test_the_console_script_is_installed(project: Path) -> None:
 
 
 def test_migrate_then_enqueue_stats_and_job(project: Path, url: str) -> None:
-    assert "up to date" in ok(command(project, "--url", url, "migrate"))
+    assert "created the alkstore schema" in ok(command(project, "--url", url, "migrate"))
     first = int(ok(command(project, "--url", url, "enqueue", "mail", '{"task": "send"}')))
     second = ok(
         command(project, "--url", url, "enqueue", "mail", '"x"', "--delay", "60", "--priority", "5")
@@ -130,6 +135,128 @@ def test_migrate_then_enqueue_stats_and_job(project: Path, url: str) -> None:
     assert as_json["payload"] == {"task": "send"}
     assert as_json["state"] == "pending"
     assert as_json["run_at"].endswith("+00:00")
+
+
+class SchemaTarget:
+    """Where ``alkstore migrate`` runs in :func:`test_migrate_says_what_it_did`,
+    and how to give that store an old or a newer schema by hand."""
+
+    def __init__(self, engine: str, project: Path) -> None:
+        self.engine = engine
+        if engine == "sqlite":
+            self.path = project / "jobs.db"
+            self.args: tuple[str, ...] = ("--url", f"sqlite:///{self.path}")
+            self.env: dict[str, str] = {}
+            return
+        self.url = os.environ.get("ALKSTORE_TEST_POSTGRES_URL", "")
+        if not self.url:
+            pytest.skip("set ALKSTORE_TEST_POSTGRES_URL to run the PostgreSQL case")
+        self.pg = pytest.importorskip("alkstore_postgres")
+        self.psycopg = pytest.importorskip("psycopg")
+        self.schema = f"cli_migrate_{uuid.uuid4().hex[:12]}"
+        (project / "pgapp.py").write_text(
+            "import os\nimport alkstore\n"
+            "app = alkstore.App(os.environ['PG_URL'], schema=os.environ['PG_SCHEMA'])\n"
+        )
+        self.args = ("--app", "pgapp:app")
+        self.env = {"PG_URL": self.url, "PG_SCHEMA": self.schema}
+
+    @property
+    def version(self) -> int:
+        if self.engine == "sqlite":
+            return alkstore_sqlite.SCHEMA_VERSION
+        return int(self.pg.SCHEMA_VERSION)
+
+    def make_version_1(self) -> None:
+        """Replace the store by an empty one as version 1 of the code made it."""
+        if self.engine == "sqlite":
+            from alkstore_sqlite import _schema
+
+            self.path.unlink()
+            with contextlib.closing(sqlite3.connect(self.path, isolation_level=None)) as conn:
+                conn.execute(_schema._CREATE_META)
+                for statement in _schema._MIGRATIONS[0]:
+                    conn.execute(statement)
+                conn.execute("INSERT INTO _alkstore_meta VALUES ('schema_version', 1)")
+            return
+        from alkstore_postgres import _schema as pg
+
+        self.drop()
+        with self.psycopg.connect(self.url, autocommit=True) as conn, conn.transaction():
+            conn.execute(pg.render(pg._CREATE_SCHEMA, self.schema))
+            conn.execute(pg.render(pg._CREATE_META, self.schema))
+            for statement in pg._MIGRATIONS[0]:
+                conn.execute(pg.render(statement, self.schema))
+            conn.execute(pg.render(pg._WRITE_VERSION, self.schema), ["schema_version", 1])
+
+    def make_newer(self) -> None:
+        """Mark the schema one version newer than this code."""
+        if self.engine == "sqlite":
+            with contextlib.closing(sqlite3.connect(self.path, isolation_level=None)) as conn:
+                conn.execute("UPDATE _alkstore_meta SET value = value + 1")
+            return
+        with self.psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(f'UPDATE "{self.schema}".meta SET value = value + 1')
+
+    def drop(self) -> None:
+        if self.engine == "postgres":
+            with self.psycopg.connect(self.url, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def schema_target(request: pytest.FixtureRequest, project: Path) -> Iterator[SchemaTarget]:
+    target = SchemaTarget(request.param, project)
+    yield target
+    target.drop()
+
+
+def test_migrate_says_what_it_did(project: Path, schema_target: SchemaTarget) -> None:
+    """Created, already current, upgraded from an old version, or refused as
+    newer: each said in one line."""
+    target, version = schema_target, schema_target.version
+
+    def migrate() -> subprocess.CompletedProcess[str]:
+        return command(project, "migrate", *target.args, env=target.env)
+
+    assert ok(migrate()) == f"created the alkstore schema at version {version}\n"
+    assert ok(migrate()) == f"the alkstore schema is already at version {version}\n"
+    target.make_version_1()
+    assert ok(migrate()) == f"upgraded the alkstore schema from version 1 to {version}\n"
+    assert ok(migrate()) == f"the alkstore schema is already at version {version}\n"
+    target.make_newer()
+    line = one_line_error(migrate())
+    assert f"is version {version + 1}, newer than this code's {version}" in line
+    assert line.endswith("(SchemaVersionError)")
+
+
+def test_migrate_creates_the_schema_of_an_app_that_never_migrates(project: Path) -> None:
+    """``App(..., migrate=False)``: the app's own option keeps its workers
+    from migrating, not ``alkstore migrate``."""
+    (project / "strict.py").write_text(
+        "import alkstore\napp = alkstore.App('sqlite:///never.db', migrate=False)\n"
+    )
+    assert "SchemaVersionError" in one_line_error(
+        command(project, "stats", "-q", "mail", "--app", "strict:app")
+    )
+    assert not (project / "never.db").exists()
+    assert ok(command(project, "migrate", "--app", "strict:app")) == (
+        f"created the alkstore schema at version {alkstore_sqlite.SCHEMA_VERSION}\n"
+    )
+    assert "mail" in ok(command(project, "stats", "-q", "mail", "--app", "strict:app"))
+
+
+def test_schema_version_errors_carry_both_versions() -> None:
+    with pytest.raises(alkstore.SchemaVersionError) as missing:
+        check_schema_version(None, 4, migrating=False)
+    assert (missing.value.found, missing.value.expected) == (None, 4)
+    with pytest.raises(alkstore.SchemaVersionError) as newer:
+        check_schema_version(5, 4, migrating=True)
+    assert (newer.value.found, newer.value.expected) == (5, 4)
+    assert (alkstore.SchemaVersionError("x").found, alkstore.SchemaVersionError("x").expected) == (
+        None,
+        None,
+    )
 
 
 def test_the_url_comes_from_the_environment(project: Path, url: str) -> None:
