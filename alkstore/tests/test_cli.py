@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -392,7 +393,10 @@ def test_sigterm_lets_the_running_job_finish(project: Path, url: str) -> None:
 
 
 def test_stats_watch_redraws_until_interrupted(project: Path, url: str) -> None:
-    ok(command(project, "--url", url, "migrate"))
+    """SIGINT once two tables are out, never on a timer: a signal that came
+    while the interpreter was still starting up (a loaded machine) would end
+    it by KeyboardInterrupt outside the command, status -2."""
+    ok(command(project, "--url", url, "enqueue", "mail", "1"))
     environ = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
     watch = subprocess.Popen(
         [
@@ -414,16 +418,33 @@ def test_stats_watch_redraws_until_interrupted(project: Path, url: str) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
+    lines: list[str] = []
+    two_tables = threading.Event()
+
+    def read() -> None:
+        assert watch.stdout is not None
+        for line in watch.stdout:  # click.echo flushes each redraw
+            lines.append(line)
+            if sum(x.startswith("queue  pending") for x in lines) >= 2:
+                two_tables.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        time.sleep(1.0)
-        watch.send_signal(signal.SIGINT)
-        stdout, _ = watch.communicate(timeout=WAIT_S)
+        assert two_tables.wait(WAIT_S), (lines, watch.poll())
+        watch.send_signal(signal.SIGINT)  # inside the redraw loop by now
+        _, stderr = watch.communicate(timeout=WAIT_S)
+        reader.join(WAIT_S)
     finally:
         if watch.poll() is None:
             watch.kill()
             watch.communicate()
-    assert watch.returncode == 0
-    assert stdout.count("queue  pending") >= 2
+    assert watch.returncode == 0, stderr
+    assert stderr == ""
+    tables = [i for i, line in enumerate(lines) if line.startswith("queue  pending")]
+    assert len(tables) >= 2
+    assert all(lines[i + 1].split()[:2] == ["mail", "1"] for i in tables)
+    assert "(Ctrl-C to stop)" in lines[tables[0] - 1]
 
 
 @pytest.mark.parametrize(
