@@ -41,8 +41,8 @@ class Store(abc.ABC):
     Engine authors implement the underscore primitives (:meth:`_open_queue`,
     :meth:`_open_subscription`, :meth:`_migrate`, :meth:`_close`, and
     optionally :meth:`_engine_now` and :meth:`_schema_version`); the public
-    methods here do the closed
-    check and the argument validation for every engine.
+    methods here do the closed check and the argument validation for every
+    engine.
 
     Parameters
     ----------
