@@ -137,12 +137,35 @@ def _refuse(value: object) -> ValidationError:
                     "refuses to read such numbers from JSON by default"
                 )
         elif kind not in _SCALARS:
-            return ValidationError(
-                f"{where} is of type {kind.__name__}; payloads are bytes or JSON made of "
-                "dict, list, str, int, float, bool and None (subclasses and "
-                "tuples are refused)"
-            )
+            return _wrong_type(where, kind)
     return ValidationError("payload is not strict JSON")
+
+
+def _wrong_type(where: str, kind: type) -> ValidationError:
+    # Says exactly what is accepted where the value stands: bytes are a
+    # payload on their own, never a value inside JSON (task arguments are
+    # inside JSON).
+    if where == "payload":
+        return ValidationError(
+            f"payload is of type {kind.__name__}; a payload is exactly bytes (stored as "
+            f"given) or a JSON value: {_JSON_VALUES}"
+        )
+    advice = (
+        "; bytes can be a payload only on their own, never inside JSON: encode them as "
+        "text first (base64, say)"
+        if issubclass(kind, (bytes, bytearray, memoryview))
+        else ""
+    )
+    return ValidationError(
+        f"{where} is of type {kind.__name__}; a value inside a JSON payload (task "
+        f"arguments included) is {_JSON_VALUES}{advice}"
+    )
+
+
+_JSON_VALUES = (
+    "a dict, list, str, int, float, bool or None of exactly those types "
+    "(subclasses and tuples are refused)"
+)
 
 
 def _utf8(text: str) -> bool:

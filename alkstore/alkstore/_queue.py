@@ -312,6 +312,29 @@ class Queue(abc.ABC):
         self._store._check_open()
         return self._stats()
 
+    def lapsed_claims(self) -> int:
+        """Count this queue's processing jobs whose claim has lapsed
+        (``now >= claim_deadline``, SPEC §3 "Boundaries") at one instant:
+        their worker died, hung or lost the database for longer than the
+        visibility timeout. The next claim takes each back (a reclaim), or
+        dead-letters it when its attempts are spent. They are part of
+        :meth:`stats`' ``processing``, so ``processing - lapsed_claims()``
+        is the claims that workers still hold (read at a later instant: the
+        two may differ by what changed in between). Index-driven, as
+        ``stats()`` (docs/operations.md).
+
+        Returns
+        -------
+        int
+            How many, ``>= 0``.
+
+        Raises
+        ------
+        StoreClosedError, EngineError
+        """
+        self._store._check_open()
+        return self._lapsed_claims()
+
     # -- pause (docs/operations.md) -----------------------------------------
 
     def pause(self) -> bool:
@@ -478,6 +501,12 @@ class Queue(abc.ABC):
     @abc.abstractmethod
     def _stats(self) -> QueueStats:
         """Count rows by state."""
+
+    @abc.abstractmethod
+    def _lapsed_claims(self) -> int:
+        """Count this queue's processing rows with ``claim_deadline <= now``
+        (one clock reading), whatever private state the engine keeps them
+        in, through an index: never a scan of the queue's rows."""
 
     @abc.abstractmethod
     def _set_paused(self, paused: bool) -> bool:

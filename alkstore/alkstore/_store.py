@@ -42,8 +42,9 @@ class Store(abc.ABC):
 
     Engine authors implement the underscore primitives (:meth:`_open_queue`,
     :meth:`_open_subscription`, :meth:`_migrate`, :meth:`_close`, and
-    optionally :meth:`_engine_now`); the public methods here do the closed
-    check and the argument validation for every engine.
+    optionally :meth:`_engine_now` and :meth:`_schema_version`); the public
+    methods here do the closed check and the argument validation for every
+    engine.
 
     Parameters
     ----------
@@ -363,6 +364,12 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def _migrate(self) -> None:
         """Create or upgrade the schema; idempotent, multi-process safe."""
+
+    def _schema_version(self) -> int | None:
+        """The schema version stored in the database, read now; ``None``
+        when the engine does not say (the default). Optional: ``alkstore
+        migrate`` reports with it what it did."""
+        return None
 
     @abc.abstractmethod
     def _close(self) -> None:

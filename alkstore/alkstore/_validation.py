@@ -123,27 +123,91 @@ def int_in_range(value: object, what: str, low: int, high: int) -> int:
 
 
 def aware_utc(value: object, what: str) -> datetime:
-    """Return a timezone-aware ``datetime`` converted to UTC.
+    """Return a timezone-aware ``datetime`` converted to UTC: a plain
+    ``datetime`` in :data:`~datetime.UTC`, whatever ``datetime`` subclass or
+    ``tzinfo`` came in, so nothing later calls the caller's ``tzinfo`` again.
+
+    The ``tzinfo``'s ``utcoffset()`` is called once, here: an offset Python
+    refuses (24 h or more, not a ``timedelta``), a ``tzinfo`` that raises, and
+    one that gives no offset (``None``: a naive datetime in disguise) are all
+    refused.
 
     Raises
     ------
     ValidationError
-        If ``value`` is not a ``datetime`` or is naive.
+        If ``value`` is not a ``datetime``, is naive, its ``tzinfo`` gives no
+        valid UTC offset, or it lies outside :data:`MIN_INSTANT` ..
+        :data:`MAX_INSTANT`.
     """
     if not isinstance(value, datetime):
         raise ValidationError(f"{what} must be a datetime, not {type(value).__name__}")
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise ValidationError(f"{what} must be timezone-aware, got naive {value!r}")
+    if value.tzinfo is None:
+        raise ValidationError(f"{what} must be timezone-aware, got the naive {_wall(value)}")
     try:
-        utc = value.astimezone(UTC)
-    except OverflowError:
-        utc = None
+        offset = value.utcoffset()  # datetime checks the result: a timedelta within 24 h
+    except Exception as exc:
+        raise ValidationError(
+            f"{what} must be timezone-aware with a valid UTC offset; its tzinfo "
+            f"({type(value.tzinfo).__name__}) failed for {_wall(value)}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+    if offset is None:
+        raise ValidationError(
+            f"{what} must be timezone-aware; its tzinfo ({type(value.tzinfo).__name__}) "
+            f"gives no UTC offset for {_wall(value)}"
+        )
+    if type(value) is datetime and value.tzinfo is UTC:
+        utc: datetime | None = value  # the common case: nothing to convert
+    else:
+        # Arithmetic on the wall time never calls the tzinfo; combine() is
+        # the cheap way to attach UTC (replace() costs twice astimezone()).
+        try:
+            shifted = (value if type(value) is datetime else _naive(value)) - offset
+        except OverflowError:
+            utc = None
+        else:
+            utc = datetime.combine(shifted.date(), shifted.time(), UTC)
     if utc is None or not MIN_INSTANT <= utc <= MAX_INSTANT:
         raise ValidationError(
             f"{what} must lie between {MIN_INSTANT:%Y-%m-%d} and {MAX_INSTANT:%Y-%m-%d} "
-            f"UTC, got {value.isoformat()}"
+            f"UTC, got {_wall(value)} at UTC offset {_shown_offset(offset)}"
         )
     return utc
+
+
+def _naive(value: datetime) -> datetime:
+    """``value``'s wall time as a plain naive ``datetime``, without calling
+    its ``tzinfo`` (nor a subclass's ``replace``)."""
+    if type(value) is datetime:
+        return datetime.combine(value.date(), value.time())
+    return datetime(
+        value.year,
+        value.month,
+        value.day,
+        value.hour,
+        value.minute,
+        value.second,
+        value.microsecond,
+    )
+
+
+def _wall(value: datetime) -> str:
+    """``value``'s wall time for a message (``isoformat()`` would call its
+    ``tzinfo`` again)."""
+    return _naive(value).isoformat()
+
+
+def _shown_offset(offset: timedelta) -> str:
+    """``offset`` as ISO 8601 writes it (``+05:30``, ``-00:00:01.5``)."""
+    sign = "-" if offset < timedelta(0) else "+"
+    hours, rest = divmod(abs(offset), timedelta(hours=1))
+    minutes, rest = divmod(rest, timedelta(minutes=1))
+    text = f"{sign}{hours:02d}:{minutes:02d}"
+    if rest:
+        text += f":{rest.seconds:02d}"
+        if rest.microseconds:
+            text += f".{rest.microseconds:06d}"
+    return text
 
 
 def queue_name(name: object, what: str = "queue name") -> str:

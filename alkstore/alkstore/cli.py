@@ -23,20 +23,22 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
-from datetime import datetime
-from typing import Any, NoReturn, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any, NamedTuple, NoReturn, TypeVar
 
 import click
 
 import alkstore
 from alkstore import _validation as v
 from alkstore._app import App
-from alkstore._codec import MAX_NESTING
+from alkstore._codec import MAX_NESTING, encode_payload
 from alkstore._cron import parse_schedule
 from alkstore._job import Job, QueueStats
+from alkstore._options import QueueOpts
 from alkstore._queue import Queue
 from alkstore._redact import redact_url
+from alkstore._resolution import enqueue_options, resolve
 from alkstore._schedule import CATCH_UP_POLICIES, Schedule
 from alkstore._scheduler import Scheduler
 from alkstore._signals import stop_signals
@@ -48,13 +50,17 @@ from alkstore._worker import (
     DEFAULT_SWEEP_INTERVAL_S,
     DEFAULT_TICK_INTERVAL_S,
 )
-from alkstore.errors import AlkstoreError, ValidationError
+from alkstore.errors import AlkstoreError, SchemaVersionError, ValidationError
 
 __all__ = ["cli", "load_app", "main"]
 
 #: The environment variable naming the app of ``--app``.
 APP_ENV = "ALKSTORE_APP"
-STATS_COLUMNS = ("pending", "scheduled", "processing", "dead")
+#: What ``stats`` and ``job`` say when no queue holds a job or is paused.
+NO_JOBS = "no jobs in any queue"
+#: The counts of ``stats``: QueueStats' fields, with the lapsed claims
+#: (part of processing) after processing.
+STATS_COLUMNS = ("pending", "scheduled", "processing", "lapsed", "dead")
 
 log = logging.getLogger("alkstore.cli")
 
@@ -215,6 +221,8 @@ class _Context:
         self.url = url
         self.url_from_command_line = url_from_command_line
         self.debug = debug
+        #: The ``--app`` loaded by :meth:`store` or :func:`_queues_of`, and its spec.
+        self.loaded_app: tuple[App, str] | None = None
 
     def errors(self) -> contextlib.AbstractContextManager[None]:
         """:func:`_errors` with this command's ``--debug``."""
@@ -240,6 +248,11 @@ class _Context:
                 app.configure(migrate=migrate)
         return app
 
+    def warn_unknown_queues(self, store: Store, names: Iterable[str]) -> None:
+        """:func:`_warn_unknown_queues` with the app this command loaded."""
+        app, spec = self.loaded_app or (None, None)
+        _warn_unknown_queues(store, names, app, spec)
+
     def open(self, *, migrate: bool = True) -> Store:
         return alkstore.open(self.url, migrate=migrate)
 
@@ -249,6 +262,7 @@ class _Context:
         say), else of ``--url``; ``migrate=False`` never creates a schema."""
         if app_spec:
             with self.app(app_spec, migrate=None if migrate else False) as app:
+                self.loaded_app = (app, app_spec)
                 yield app.store
         else:
             with self.open(migrate=migrate) as store:
@@ -266,17 +280,45 @@ def _queues_of(
     stack = contextlib.ExitStack()
     if app_spec:
         app = stack.enter_context(ctx.app(app_spec, migrate=None if migrate else False))
+        ctx.loaded_app = (app, app_spec)
         all_names = list(dict.fromkeys([*names, *app.queue_names, *app.relays]))
         if not all_names:
             stack.close()
             _fail(f"{app_spec} has no tasks, so names no queue; add --queue NAME")
         with _closing_on_error(stack):
-            return stack, [app.queue(name) for name in all_names]
+            handles = [app.queue(name) for name in all_names]
+            ctx.warn_unknown_queues(app.store, names)
+            return stack, handles
     store = stack.enter_context(ctx.open(migrate=migrate))
     with _closing_on_error(stack):
+        ctx.warn_unknown_queues(store, names)
         if not names:
             names = store.queue_names()  # none at all in a new store
         return stack, [store.queue(name) for name in dict.fromkeys(names)]
+
+
+def _warn_unknown_queues(
+    store: Store, names: Iterable[str], app: App | None, app_spec: str | None
+) -> None:
+    """Warn on stderr about each of ``names`` that no task or relay of
+    ``app`` declares and that holds no live or dead job and is not paused
+    (one index-driven :meth:`Store.queue_names`): most likely a typo, which
+    would otherwise act on an empty queue in silence. The command goes on."""
+    declared = set() if app is None else {*app.queue_names, *app.relays}
+    unknown = [name for name in dict.fromkeys(names) if name not in declared]
+    if not unknown:
+        return
+    known = set(store.queue_names())
+    for name in unknown:
+        if name in known:
+            continue
+        if app is None:
+            why = "holds no jobs and is not paused"
+            hint = " (with --app MODULE:APP, the queues of the app's tasks count as known)"
+        else:
+            why = f"holds no jobs, is not paused, and no task or relay of {app_spec} declares it"
+            hint = ""
+        click.echo(f"Warning: queue {name!r} {why}: check its name{hint}", err=True)
 
 
 @contextlib.contextmanager
@@ -452,6 +494,7 @@ def worker(
             tick_interval_s=tick_interval or None,
             worker_id=worker_id,
         )
+        _warn_unknown_queues(app.store, queues, app, app_spec)
         logging.getLogger("alkstore.worker").info(
             "worker %s on %s", runner.worker_id, redact_url(app.url)
         )
@@ -500,24 +543,42 @@ def enqueue(
         "expires": expires,
     }
     with ctx.errors():
+        # Everything enqueue would refuse, before the store opens (and so
+        # before a mistyped queue name creates a database file).
+        v.queue_name(queue_name)
         if app_spec:
             app = ctx.app(app_spec)
-            _check_task(app, app_spec, queue_name, value)  # before the store opens
+            elsewhere = _check_task(app, app_spec, queue_name, value)
+            _check_enqueue(value, options, app.queue_opts(queue_name))
             with app:
+                if not elsewhere:  # that warning names the queue already
+                    _warn_unknown_queues(app.store, [queue_name], app, app_spec)
                 job_id = app.queue(queue_name).enqueue(value, **options)
         else:
+            _check_enqueue(value, options, QueueOpts())
             with ctx.open() as store:
+                _warn_unknown_queues(store, [queue_name], None, None)
                 job_id = store.queue(queue_name).enqueue(value, **options)
     click.echo(job_id)
 
 
-def _check_task(app: App, app_spec: str, queue_name: str, payload: object) -> None:
+def _check_enqueue(value: object, options: dict[str, Any], opts: QueueOpts) -> None:
+    """Apply the core's enqueue checks without a store: the payload codec
+    and the options, resolved against the queue's ``opts`` (an expiry at or
+    before the job is due is refused). Resolution compares instants taken
+    from one clock reading, so this host's clock gives the store's answer."""
+    encode_payload(value)
+    resolve(datetime.now(UTC), opts, enqueue_options(**options))
+
+
+def _check_task(app: App, app_spec: str, queue_name: str, payload: object) -> bool:
     """With ``--app``: refuse a task payload naming a task the app does not
     have (its worker would dead-letter the job as unknown), or arguments
     that do not fit the task's function; warn when the task is declared on
-    another queue (the app's workers claim from it only if given ``-q``)."""
+    another queue (the app's workers claim from it only if given ``-q``),
+    and then return ``True``."""
     if not isinstance(payload, dict) or "task" not in payload:
-        return  # not meant as a task payload: a queue of the app's, used by hand
+        return False  # not meant as a task payload: a queue of the app's, used by hand
     try:
         call = parse_task_payload(payload)
     except ValueError as exc:
@@ -534,17 +595,37 @@ def _check_task(app: App, app_spec: str, queue_name: str, payload: object) -> No
             f"only when started with -q {queue_name}",
             err=True,
         )
+        return True
+    return False
 
 
-def _stats_table(rows: Sequence[tuple[str, QueueStats]]) -> str:
-    header = ("queue", *STATS_COLUMNS)
-    cells = [header, *((name, *map(str, stats)) for name, stats in rows)]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+class _QueueRow(NamedTuple):
+    """One queue's line of ``stats``."""
+
+    name: str
+    stats: QueueStats
+    lapsed: int
+    paused: bool
+
+
+def _stats_rows(queues: Sequence[Queue]) -> list[_QueueRow]:
+    """Each queue's counts, lapsed claims and pause flag (three reads)."""
+    return [_QueueRow(q.name, q.stats(), q.lapsed_claims(), q.is_paused()) for q in queues]
+
+
+def _stats_table(rows: Sequence[_QueueRow]) -> str:
+    """Names left, counts right, then ``yes``/``no`` under ``paused``."""
+    cells: list[tuple[str, ...]] = [("queue", *STATS_COLUMNS, "paused")]
+    for row in rows:
+        pending, scheduled, processing, dead = row.stats
+        counts = (pending, scheduled, processing, row.lapsed, dead)
+        cells.append((row.name, *map(str, counts), "yes" if row.paused else "no"))
+    widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
     lines = []
-    for row in cells:
-        first = row[0].ljust(widths[0])
-        rest = (cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True))
-        lines.append("  ".join((first, *rest)))
+    for line in cells:
+        first = line[0].ljust(widths[0])
+        numbers = (cell.rjust(width) for cell, width in zip(line[1:-1], widths[1:-1], strict=True))
+        lines.append("  ".join((first, *numbers, line[-1])))
     return "\n".join(lines)
 
 
@@ -563,23 +644,27 @@ def _stats_table(rows: Sequence[tuple[str, QueueStats]]) -> str:
 def stats(
     ctx: _Context, *, queues: tuple[str, ...], app_spec: str | None, watch: bool, interval: float
 ) -> None:
-    """Show pending, scheduled, processing and dead counts per queue.
+    """Show each queue's job counts and whether it is paused.
 
     pending: due now; scheduled: due later (delayed or backing off);
-    processing: claimed by a worker; dead: dead letters.
+    processing: claimed by a worker; lapsed: of those, the claims past their
+    deadline (a worker died or stalled; the next claim takes them back);
+    dead: dead letters.
     """
+    _check_queue_names(ctx, queues)
     with ctx.errors():
         stack, handles = _queues_of(ctx, queues, app_spec, migrate=False)
         with stack:
             if not handles:
-                click.echo("no queues yet")
+                # A store whose queues were all drained lists none either.
+                click.echo(NO_JOBS)
                 return
             if not watch:
-                click.echo(_stats_table([(q.name, q.stats()) for q in handles]))
+                click.echo(_stats_table(_stats_rows(handles)))
                 return
             try:
                 while True:
-                    table = _stats_table([(q.name, q.stats()) for q in handles])
+                    table = _stats_table(_stats_rows(handles))
                     click.clear()
                     now = datetime.now().astimezone()
                     click.echo(f"{now:%Y-%m-%d %H:%M:%S %Z}  (Ctrl-C to stop)\n{table}")
@@ -618,15 +703,14 @@ def job(
     so the job is looked up in each queue named by --queue and --app, in
     order; with neither, in every queue of the store.
     """
+    _check_queue_names(ctx, queues)
     with ctx.errors():
         stack, handles = _queues_of(ctx, queues, app_spec, migrate=False)
         with stack:
             found = next((j for q in handles if (j := q.get_job(job_id)) is not None), None)
     if found is None:
         names = ", ".join(q.name for q in handles)
-        _fail(
-            f"no job {job_id} in queue(s) {names}" if names else f"no job {job_id}: no queues yet"
-        )
+        _fail(f"no job {job_id} in queue(s) {names}" if names else f"no job {job_id}: {NO_JOBS}")
     fields = _job_fields(found)
     if as_json:
         click.echo(json.dumps(fields, ensure_ascii=False, indent=2))
@@ -658,6 +742,7 @@ def pause(ctx: _Context, *, queue_name: str, app_spec: str | None) -> None:
     """Stop workers everywhere from claiming QUEUE's jobs (enqueues still land)."""
     _check_queue_name(ctx, queue_name)
     with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
+        ctx.warn_unknown_queues(store, [queue_name])
         changed = store.queue(queue_name).pause()
     click.echo(
         f"queue {queue_name} paused" if changed else f"queue {queue_name} was already paused"
@@ -672,6 +757,7 @@ def resume(ctx: _Context, *, queue_name: str, app_spec: str | None) -> None:
     """Let workers claim QUEUE's jobs again."""
     _check_queue_name(ctx, queue_name)
     with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
+        ctx.warn_unknown_queues(store, [queue_name])
         changed = store.queue(queue_name).resume()
     click.echo(f"queue {queue_name} resumed" if changed else f"queue {queue_name} was not paused")
 
@@ -679,8 +765,14 @@ def resume(ctx: _Context, *, queue_name: str, app_spec: str | None) -> None:
 def _check_queue_name(ctx: _Context, name: str) -> None:
     """Refuse a bad queue name before the store opens (SPEC §3: arguments
     are checked before any I/O)."""
+    _check_queue_names(ctx, (name,))
+
+
+def _check_queue_names(ctx: _Context, names: Sequence[str]) -> None:
+    """:func:`_check_queue_name` for each of ``names``."""
     with ctx.errors():
-        v.queue_name(name)
+        for name in names:
+            v.queue_name(name)
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -690,6 +782,26 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         for row in cells
     )
+
+
+#: The most characters of ``last_error`` that ``dead list`` shows.
+LAST_ERROR_WIDTH = 80
+#: Ends a table cell whose text was cut short (as ``docker ps`` does).
+ELLIPSIS = "\u2026"
+
+
+def _first_line(text: str | None, width: int) -> str:
+    """The first line of ``text``, at most ``width`` characters, ending in
+    :data:`ELLIPSIS` when anything was left out (the rest of the line, or
+    further lines: a traceback); ``-`` for none."""
+    if not text:
+        return "-"
+    lines = text.splitlines()  # \r and the other line breaks too: one row each
+    first = lines[0] if lines else ""
+    more = bool(text[len(first) :].strip())
+    if len(first) > width:
+        return first[: width - 1] + ELLIPSIS
+    return first + ELLIPSIS if more else first
 
 
 def _when(value: datetime | None) -> str:
@@ -721,6 +833,7 @@ def dead_list(
     last id shown for the next page)."""
     _check_queue_name(ctx, queue_name)
     with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
+        ctx.warn_unknown_queues(store, [queue_name])
         jobs = store.queue(queue_name).dead_jobs(limit, after_id)
     if as_json:
         for found in jobs:
@@ -734,7 +847,7 @@ def dead_list(
             str(found.id),
             _when(found.died_at),
             f"{found.attempts}/{found.max_attempts}",
-            (found.last_error or "-").split("\n", 1)[0][:80],
+            _first_line(found.last_error, LAST_ERROR_WIDTH),
         )
         for found in jobs
     ]
@@ -766,6 +879,7 @@ def dead_requeue(
         _fail("give the dead job ids to requeue, or --all (not both)")
     requeued = missing = 0
     with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
+        ctx.warn_unknown_queues(store, [queue_name])
         queue = store.queue(queue_name)
         for job_id in job_ids or _every_dead_id(queue):
             if queue.requeue(job_id, delay=delay):
@@ -805,6 +919,7 @@ def dead_purge(
     if older_than is None and not yes:
         click.confirm(f"delete every dead job of queue {queue_name}?", abort=True)
     with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
+        ctx.warn_unknown_queues(store, [queue_name])
         purged = store.queue(queue_name).purge_dead(older_than)
     click.echo(f"{purged} dead job(s) purged")
 
@@ -981,10 +1096,53 @@ def scheduler(ctx: _Context, *, interval: float, log_level: str, app_spec: str |
 @_APP_STORE
 @click.pass_obj
 def migrate(ctx: _Context, *, app_spec: str | None) -> None:
-    """Create or upgrade the store's schema (idempotent)."""
-    with ctx.errors(), ctx.store(app_spec, migrate=True) as store:
-        store.migrate()
-    click.echo("schema is up to date")
+    """Create or upgrade the store's schema (idempotent), and say which.
+
+    Prints that it created the schema, upgraded it from one version to
+    another, or found it at this code's version already.
+    """
+    found: SchemaVersionError | None = None
+    with ctx.errors():
+        try:
+            # A look that creates nothing: a store opened with migrate=False
+            # refuses a missing schema (and, on SQLite, an older one) with
+            # the version it found (SPEC §3 "Schema").
+            with _schema_store(ctx, app_spec, migrate=False) as store:
+                before = store._schema_version()
+        except SchemaVersionError as exc:
+            if exc.found is not None and exc.expected is not None and exc.found > exc.expected:
+                raise  # newer than this code: nothing to do but say so
+            found, before = exc, exc.found
+        with _schema_store(ctx, app_spec, migrate=True) as store:
+            store.migrate()
+            after = store._schema_version()
+    click.echo(_migrated(found, before, after))
+
+
+@contextlib.contextmanager
+def _schema_store(ctx: _Context, app_spec: str | None, *, migrate: bool) -> Iterator[Store]:
+    """The store of ``--app`` or ``--url`` opened with exactly this
+    ``migrate=`` (the app's own engine option does not apply here)."""
+    if app_spec:
+        with ctx.app(app_spec, migrate=migrate) as app:
+            yield app.store
+    else:
+        with ctx.open(migrate=migrate) as store:
+            yield store
+
+
+def _migrated(refused: SchemaVersionError | None, before: int | None, after: int | None) -> str:
+    """What ``migrate`` did: ``refused`` is the look's error (a missing or
+    older schema), ``before`` and ``after`` the stored versions around the
+    migration (``None`` where the engine does not say)."""
+    at = "" if after is None else f" at version {after}"
+    if refused is not None and refused.expected is not None and refused.found is None:
+        return f"created the alkstore schema{at}"
+    if before is not None and after is not None and before < after:
+        return f"upgraded the alkstore schema from version {before} to {after}"
+    if refused is None and before is not None and before == after:
+        return f"the alkstore schema is already at version {after}"
+    return f"the alkstore schema is up to date{at}"
 
 
 def main(argv: Sequence[str] | None = None) -> None:

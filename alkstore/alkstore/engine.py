@@ -96,15 +96,19 @@ def check_schema_version(
     Raises
     ------
     SchemaVersionError
-        If ``found`` is newer than ``code``, or missing while not migrating.
+        If ``found`` is newer than ``code``, or missing while not migrating;
+        its ``found`` and ``expected`` are the two versions.
     """
     if found is not None and found > code:
         raise SchemaVersionError(
             f"the alkstore schema of {where} is version {found}, newer than this "
-            f"code's {code}; upgrade alkstore"
+            f"code's {code}; upgrade alkstore",
+            found=found,
+            expected=code,
         )
     if found is None and not migrating:
         raise SchemaVersionError(
             f"{where} has no alkstore schema yet: create it with `alkstore migrate` "
-            "(with the same --url or --app) or alkstore.open(url, migrate=True)"
+            "(with the same --url or --app) or alkstore.open(url, migrate=True)",
+            expected=code,
         )

@@ -38,7 +38,31 @@ class UnknownEngineError(AlkstoreError):
 
 class SchemaVersionError(AlkstoreError):
     """The database schema is missing (with ``migrate=False``) or newer than
-    this code understands (SPEC §3 "Schema")."""
+    this code understands (SPEC §3 "Schema").
+
+    Parameters
+    ----------
+    message
+        What is wrong and the way out, for people.
+    found
+        The schema version stored in the database, ``None`` when there is
+        no schema.
+    expected
+        The version this code reads and writes; ``None`` (with ``found``
+        ``None`` too) when the engine that raised did not say.
+
+    Attributes
+    ----------
+    found, expected
+        As the parameters.
+    """
+
+    def __init__(
+        self, message: str = "", *, found: int | None = None, expected: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.found = found
+        self.expected = expected
 
 
 class EngineError(AlkstoreError):

@@ -185,6 +185,26 @@ def test_arguments_that_are_not_json_are_refused_before_anything_is_stored(app: 
     assert tuple(app.queue("default").stats()) == (0, 0, 0, 0)
 
 
+def test_a_bytes_argument_is_refused_saying_what_an_argument_may_be(app: App) -> None:
+    """Task arguments live inside the JSON payload, where bytes cannot: the
+    message must not say that payloads may be bytes."""
+    task = app.task(add)
+    for call, where in (
+        (lambda: task.enqueue(b"x"), "payload['args'][0]"),
+        (lambda: task.enqueue(1, b=b"x"), "payload['kwargs']['b']"),
+        (lambda: task.enqueue({"a": b"x"}), "payload['args'][0]['a']"),
+    ):
+        with pytest.raises(ValidationError) as caught:
+            call()
+        assert str(caught.value) == (
+            f"{where} is of type bytes; a value inside a JSON payload (task arguments "
+            "included) is a dict, list, str, int, float, bool or None of exactly those "
+            "types (subclasses and tuples are refused); bytes can be a payload only on "
+            "their own, never inside JSON: encode them as text first (base64, say)"
+        )
+    assert tuple(app.queue("default").stats()) == (0, 0, 0, 0)
+
+
 def test_enqueue_many_is_one_call_per_item(app: App) -> None:
     task = app.task(add)
     ids = task.options(priority=3).enqueue_many([(1,), [2, 3]])

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import alkstore
-from alkstore.engine import redact_url
+import alkstore_sqlite
+from alkstore.engine import check_schema_version, redact_url
 
 WAIT_S = 60.0
 
@@ -103,7 +109,7 @@ def test_the_console_script_is_installed(project: Path) -> None:
 
 
 def test_migrate_then_enqueue_stats_and_job(project: Path, url: str) -> None:
-    assert "up to date" in ok(command(project, "--url", url, "migrate"))
+    assert "created the alkstore schema" in ok(command(project, "--url", url, "migrate"))
     first = int(ok(command(project, "--url", url, "enqueue", "mail", '{"task": "send"}')))
     second = ok(
         command(project, "--url", url, "enqueue", "mail", '"x"', "--delay", "60", "--priority", "5")
@@ -112,9 +118,9 @@ def test_migrate_then_enqueue_stats_and_job(project: Path, url: str) -> None:
 
     table = ok(command(project, "--url", url, "stats", "-q", "mail", "-q", "empty"))
     assert table.splitlines() == [
-        "queue  pending  scheduled  processing  dead",
-        "mail         1          1           0     0",
-        "empty        0          0           0     0",
+        "queue  pending  scheduled  processing  lapsed  dead  paused",
+        "mail         1          1           0       0     0  no",
+        "empty        0          0           0       0     0  no",
     ]
 
     shown = ok(command(project, "--url", url, "job", second.strip(), "-q", "empty", "-q", "mail"))
@@ -130,6 +136,128 @@ def test_migrate_then_enqueue_stats_and_job(project: Path, url: str) -> None:
     assert as_json["payload"] == {"task": "send"}
     assert as_json["state"] == "pending"
     assert as_json["run_at"].endswith("+00:00")
+
+
+class SchemaTarget:
+    """Where ``alkstore migrate`` runs in :func:`test_migrate_says_what_it_did`,
+    and how to give that store an old or a newer schema by hand."""
+
+    def __init__(self, engine: str, project: Path) -> None:
+        self.engine = engine
+        if engine == "sqlite":
+            self.path = project / "jobs.db"
+            self.args: tuple[str, ...] = ("--url", f"sqlite:///{self.path}")
+            self.env: dict[str, str] = {}
+            return
+        self.url = os.environ.get("ALKSTORE_TEST_POSTGRES_URL", "")
+        if not self.url:
+            pytest.skip("set ALKSTORE_TEST_POSTGRES_URL to run the PostgreSQL case")
+        self.pg = pytest.importorskip("alkstore_postgres")
+        self.psycopg = pytest.importorskip("psycopg")
+        self.schema = f"cli_migrate_{uuid.uuid4().hex[:12]}"
+        (project / "pgapp.py").write_text(
+            "import os\nimport alkstore\n"
+            "app = alkstore.App(os.environ['PG_URL'], schema=os.environ['PG_SCHEMA'])\n"
+        )
+        self.args = ("--app", "pgapp:app")
+        self.env = {"PG_URL": self.url, "PG_SCHEMA": self.schema}
+
+    @property
+    def version(self) -> int:
+        if self.engine == "sqlite":
+            return alkstore_sqlite.SCHEMA_VERSION
+        return int(self.pg.SCHEMA_VERSION)
+
+    def make_version_1(self) -> None:
+        """Replace the store by an empty one as version 1 of the code made it."""
+        if self.engine == "sqlite":
+            from alkstore_sqlite import _schema
+
+            self.path.unlink()
+            with contextlib.closing(sqlite3.connect(self.path, isolation_level=None)) as conn:
+                conn.execute(_schema._CREATE_META)
+                for statement in _schema._MIGRATIONS[0]:
+                    conn.execute(statement)
+                conn.execute("INSERT INTO _alkstore_meta VALUES ('schema_version', 1)")
+            return
+        from alkstore_postgres import _schema as pg
+
+        self.drop()
+        with self.psycopg.connect(self.url, autocommit=True) as conn, conn.transaction():
+            conn.execute(pg.render(pg._CREATE_SCHEMA, self.schema))
+            conn.execute(pg.render(pg._CREATE_META, self.schema))
+            for statement in pg._MIGRATIONS[0]:
+                conn.execute(pg.render(statement, self.schema))
+            conn.execute(pg.render(pg._WRITE_VERSION, self.schema), ["schema_version", 1])
+
+    def make_newer(self) -> None:
+        """Mark the schema one version newer than this code."""
+        if self.engine == "sqlite":
+            with contextlib.closing(sqlite3.connect(self.path, isolation_level=None)) as conn:
+                conn.execute("UPDATE _alkstore_meta SET value = value + 1")
+            return
+        with self.psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(f'UPDATE "{self.schema}".meta SET value = value + 1')
+
+    def drop(self) -> None:
+        if self.engine == "postgres":
+            with self.psycopg.connect(self.url, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def schema_target(request: pytest.FixtureRequest, project: Path) -> Iterator[SchemaTarget]:
+    target = SchemaTarget(request.param, project)
+    yield target
+    target.drop()
+
+
+def test_migrate_says_what_it_did(project: Path, schema_target: SchemaTarget) -> None:
+    """Created, already current, upgraded from an old version, or refused as
+    newer: each said in one line."""
+    target, version = schema_target, schema_target.version
+
+    def migrate() -> subprocess.CompletedProcess[str]:
+        return command(project, "migrate", *target.args, env=target.env)
+
+    assert ok(migrate()) == f"created the alkstore schema at version {version}\n"
+    assert ok(migrate()) == f"the alkstore schema is already at version {version}\n"
+    target.make_version_1()
+    assert ok(migrate()) == f"upgraded the alkstore schema from version 1 to {version}\n"
+    assert ok(migrate()) == f"the alkstore schema is already at version {version}\n"
+    target.make_newer()
+    line = one_line_error(migrate())
+    assert f"is version {version + 1}, newer than this code's {version}" in line
+    assert line.endswith("(SchemaVersionError)")
+
+
+def test_migrate_creates_the_schema_of_an_app_that_never_migrates(project: Path) -> None:
+    """``App(..., migrate=False)``: the app's own option keeps its workers
+    from migrating, not ``alkstore migrate``."""
+    (project / "strict.py").write_text(
+        "import alkstore\napp = alkstore.App('sqlite:///never.db', migrate=False)\n"
+    )
+    assert "SchemaVersionError" in one_line_error(
+        command(project, "stats", "-q", "mail", "--app", "strict:app")
+    )
+    assert not (project / "never.db").exists()
+    assert ok(command(project, "migrate", "--app", "strict:app")) == (
+        f"created the alkstore schema at version {alkstore_sqlite.SCHEMA_VERSION}\n"
+    )
+    assert "mail" in ok(command(project, "stats", "-q", "mail", "--app", "strict:app"))
+
+
+def test_schema_version_errors_carry_both_versions() -> None:
+    with pytest.raises(alkstore.SchemaVersionError) as missing:
+        check_schema_version(None, 4, migrating=False)
+    assert (missing.value.found, missing.value.expected) == (None, 4)
+    with pytest.raises(alkstore.SchemaVersionError) as newer:
+        check_schema_version(5, 4, migrating=True)
+    assert (newer.value.found, newer.value.expected) == (5, 4)
+    assert (alkstore.SchemaVersionError("x").found, alkstore.SchemaVersionError("x").expected) == (
+        None,
+        None,
+    )
 
 
 def test_the_url_comes_from_the_environment(project: Path, url: str) -> None:
@@ -163,7 +291,7 @@ def test_an_app_names_the_queues_and_their_options(project: Path, url: str) -> N
     )
     assert shown["max_attempts"] == 3  # the app's option for "mail"
     table = ok(command(project, "--url", url, "stats", env={"ALKSTORE_APP": "jobs:app"}))
-    assert table.splitlines()[1].split() == ["mail", "1", "0", "0", "0"]
+    assert table.splitlines()[1].split() == ["mail", "1", "0", "0", "0", "0", "no"]
 
 
 def test_worker_burst_runs_the_jobs_and_logs_each(project: Path, url: str) -> None:
@@ -186,7 +314,7 @@ def test_worker_burst_runs_the_jobs_and_logs_each(project: Path, url: str) -> No
     assert result.stderr.count(") succeeded: attempt 1 of 5") == 2  # enqueued without --app
     assert "unknown task 'nope'" in result.stderr
     table = ok(command(project, "--url", url, "stats", "--app", "jobs:app"))
-    assert table.splitlines()[1].split() == ["mail", "0", "0", "0", "1"]
+    assert table.splitlines()[1].split() == ["mail", "0", "0", "0", "0", "1", "no"]
 
 
 @pytest.mark.parametrize(
@@ -214,7 +342,15 @@ def test_a_url_on_the_command_line_overrides_the_apps(project: Path, url: str) -
     ok(command(project, "--url", url, "worker", "jobs:other", "-q", "mail", "--burst"))
     assert not (project / "other.db").exists()
     table = ok(command(project, "--url", url, "stats", "-q", "mail"))
-    assert table.splitlines()[1].split() == ["mail", "0", "0", "0", "1"]  # other has no tasks
+    assert table.splitlines()[1].split() == [
+        "mail",
+        "0",
+        "0",
+        "0",
+        "0",
+        "1",
+        "no",
+    ]  # other has no tasks
 
 
 def test_sigterm_lets_the_running_job_finish(project: Path, url: str) -> None:
@@ -253,11 +389,14 @@ def test_sigterm_lets_the_running_job_finish(project: Path, url: str) -> None:
     assert "SIGTERM received" in stderr
     assert "succeeded" in stderr
     table = ok(command(project, "--url", url, "stats", "-q", "mail"))
-    assert table.splitlines()[1].split() == ["mail", "0", "0", "0", "0"]
+    assert table.splitlines()[1].split() == ["mail", "0", "0", "0", "0", "0", "no"]
 
 
 def test_stats_watch_redraws_until_interrupted(project: Path, url: str) -> None:
-    ok(command(project, "--url", url, "migrate"))
+    """SIGINT once two tables are out, never on a timer: a signal that came
+    while the interpreter was still starting up (a loaded machine) would end
+    it by KeyboardInterrupt outside the command, status -2."""
+    ok(command(project, "--url", url, "enqueue", "mail", "1"))
     environ = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
     watch = subprocess.Popen(
         [
@@ -279,16 +418,33 @@ def test_stats_watch_redraws_until_interrupted(project: Path, url: str) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
+    lines: list[str] = []
+    two_tables = threading.Event()
+
+    def read() -> None:
+        assert watch.stdout is not None
+        for line in watch.stdout:  # click.echo flushes each redraw
+            lines.append(line)
+            if sum(x.startswith("queue  pending") for x in lines) >= 2:
+                two_tables.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        time.sleep(1.0)
-        watch.send_signal(signal.SIGINT)
-        stdout, _ = watch.communicate(timeout=WAIT_S)
+        assert two_tables.wait(WAIT_S), (lines, watch.poll())
+        watch.send_signal(signal.SIGINT)  # inside the redraw loop by now
+        _, stderr = watch.communicate(timeout=WAIT_S)
+        reader.join(WAIT_S)
     finally:
         if watch.poll() is None:
             watch.kill()
             watch.communicate()
-    assert watch.returncode == 0
-    assert stdout.count("queue  pending") >= 2
+    assert watch.returncode == 0, stderr
+    assert stderr == ""
+    tables = [i for i, line in enumerate(lines) if line.startswith("queue  pending")]
+    assert len(tables) >= 2
+    assert all(lines[i + 1].split()[:2] == ["mail", "1"] for i in tables)
+    assert "(Ctrl-C to stop)" in lines[tables[0] - 1]
 
 
 @pytest.mark.parametrize(
@@ -313,11 +469,145 @@ def test_errors_are_one_line_and_exit_1(project: Path, args: tuple[str, ...], me
     assert message in line
 
 
+#: A bad argument for every check of every command, and what its error says.
+BAD_ARGUMENTS = [
+    (("worker", "jobs:app", "-q", "bad name"), "queue name 'bad name'"),
+    (("worker", "jobs:app", "--worker-id", ""), "worker_id must be 1 to 255 characters"),
+    (("worker", "jobs:app", "-c", "0"), "is not in the range 1<=x<=1024"),
+    (("worker", "jobs:app", "--poll-interval", "0"), "must be > 0 seconds"),
+    (("worker", "jobs:app", "--grace-period", "-1"), "must be >= 0 seconds"),
+    (("worker", "nosuchmodule:app"), "cannot import 'nosuchmodule'"),
+    (("enqueue", "bad name", "1"), "queue name 'bad name'"),
+    (("enqueue", "bad name", "1", "--app", "jobs:app"), "queue name 'bad name'"),
+    (("enqueue", "mail", "{not json"), "the payload is not valid JSON"),
+    (("enqueue", "mail", '"\\ud800"'), "payload holds a lone surrogate"),
+    (
+        ("enqueue", "mail", '{"task": "send", "args": ["\\ud800"]}', "--app", "jobs:app"),
+        "payload['args'][0] holds a lone surrogate",
+    ),
+    (("enqueue", "mail", '{"task": "sned"}', "--app", "jobs:app"), "has no task 'sned'"),
+    (("enqueue", "mail", "1", "--delay", "60", "--expires", "10"), "the job would expire"),
+    (("enqueue", "mail", "1", "--delay", "nan"), "must be finite, got nan"),
+    (("enqueue", "mail", "1", "--max-attempts", "0"), "is not in the range 1<=x<="),
+    (("stats", "-q", "bad name"), "queue name 'bad name'"),
+    (("stats", "--watch", "--interval", "0"), "is not in the range x>=0.1"),
+    (("job", "1", "-q", "bad name"), "queue name 'bad name'"),
+    (("job", "one"), "'one' is not a valid integer"),
+    (("pause", "bad name"), "queue name 'bad name'"),
+    (("resume", "bad name"), "queue name 'bad name'"),
+    (("dead", "list", "bad name"), "queue name 'bad name'"),
+    (("dead", "list", "mail", "--limit", "0"), "is not in the range 1<=x<=10000"),
+    (("dead", "requeue", "bad name", "--all"), "queue name 'bad name'"),
+    (("dead", "requeue", "mail"), "give the dead job ids to requeue, or --all"),
+    (("dead", "requeue", "mail", "--all", "--delay", "-1"), "must be >= 0 seconds"),
+    (("dead", "purge", "bad name", "--yes"), "queue name 'bad name'"),
+    (("dead", "purge", "mail", "--older-than", "inf"), "must be finite, got inf"),
+    (("schedule", "bad name", "@daily", "q", "1"), "schedule name 'bad name'"),
+    (("schedule", "s", "@daily", "bad name", "1"), "queue name 'bad name'"),
+    (("schedule", "s", "bogus", "q", "1"), "invalid cron expression 'bogus'"),
+    (("schedule", "s", "@daily", "q", "{nope"), "the payload is not valid JSON"),
+    (("unschedule", "bad name"), "schedule name 'bad name'"),
+    (("scheduler", "--interval", "0"), "must be > 0 seconds"),
+    (("migrate", "--app", "nosuchmodule:app"), "cannot import 'nosuchmodule'"),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"), BAD_ARGUMENTS, ids=[" ".join(args) for args, _ in BAD_ARGUMENTS]
+)
+def test_no_command_creates_a_database_before_refusing_an_argument(
+    project: Path, args: tuple[str, ...], message: str
+) -> None:
+    """On the default store, ``sqlite:///alkstore.db`` in the current
+    directory: every argument is checked before the store opens, so a bad
+    one is reported as itself and leaves no file behind."""
+    before = sorted(p.name for p in project.iterdir())
+    result = command(project, *args)
+    assert result.returncode in (1, 2), (result.stdout, result.stderr)
+    assert message in result.stderr, result.stderr
+    assert "SchemaVersionError" not in result.stderr
+    assert sorted(p.name for p in project.iterdir() if p.name != "__pycache__") == before
+
+
 def test_a_missing_job_is_an_error(project: Path, url: str) -> None:
     ok(command(project, "--url", url, "migrate"))
-    assert "no job 99 in queue(s) mail" in one_line_error(
-        command(project, "--url", url, "job", "99", "-q", "mail")
+    result = command(project, "--url", url, "job", "99", "-q", "mail")
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        unknown_queue_warning("mail"),
+        "Error: no job 99 in queue(s) mail",
+    ]
+
+
+def unknown_queue_warning(name: str, app_spec: str | None = None) -> str:
+    """What a command prints on stderr for a queue it does not know."""
+    if app_spec is None:
+        return (
+            f"Warning: queue {name!r} holds no jobs and is not paused: check its name "
+            "(with --app MODULE:APP, the queues of the app's tasks count as known)"
+        )
+    return (
+        f"Warning: queue {name!r} holds no jobs, is not paused, and no task or relay of "
+        f"{app_spec} declares it: check its name"
     )
+
+
+#: Each command that takes a queue name, given the mistyped ``mial``.
+ON_AN_UNKNOWN_QUEUE = [
+    (("pause", "mial"), "queue mial paused\n"),
+    (("resume", "mial"), "queue mial was not paused\n"),
+    (("enqueue", "mial", "1"), "1\n"),
+    (("stats", "-q", "mial"), None),
+    (("dead", "list", "mial"), "no dead jobs in queue mial\n"),
+    (("dead", "requeue", "mial", "--all"), "0 job(s) requeued\n"),
+    (("dead", "purge", "mial", "--yes"), "0 dead job(s) purged\n"),
+]
+
+
+@pytest.mark.parametrize("app_spec", [None, "jobs:app"])
+@pytest.mark.parametrize(
+    ("args", "out"),
+    ON_AN_UNKNOWN_QUEUE,
+    ids=[" ".join(a for a in args if a != "mial") for args, _ in ON_AN_UNKNOWN_QUEUE],
+)
+def test_a_queue_nothing_knows_gets_a_warning_and_the_command_goes_on(
+    project: Path, url: str, app_spec: str | None, args: tuple[str, ...], out: str | None
+) -> None:
+    """No task declares ``mial`` and it holds no row: a typo, most likely,
+    which would otherwise act on an empty queue in silence."""
+    ok(command(project, "--url", url, "migrate"))
+    app = () if app_spec is None else ("--app", app_spec)
+    result = command(project, "--url", url, *args, *app)
+    if out is None:  # a table
+        assert ok(result).splitlines()[1].split()[0] == "mial"
+    else:
+        assert ok(result) == out
+    assert result.stderr.splitlines() == [unknown_queue_warning("mial", app_spec)]
+    # A queue the app declares, or one that holds a job, is known.
+    known = command(project, "--url", url, *(a.replace("mial", "mail") for a in args), *app)
+    if app_spec is None:
+        assert known.stderr.splitlines() == [unknown_queue_warning("mail")]
+        ok(command(project, "--url", url, "enqueue", "mail", "2"))
+        known = command(project, "--url", url, *(a.replace("mial", "mail") for a in args))
+    assert known.returncode == 0, known.stderr
+    assert known.stderr == ""
+
+
+def test_worker_and_job_warn_about_a_queue_nothing_knows(project: Path, url: str) -> None:
+    ok(command(project, "--url", url, "migrate"))
+    worker = command(project, "--url", url, "worker", "jobs:app", "-q", "mial", "--burst")
+    ok(worker)
+    assert unknown_queue_warning("mial", "jobs:app") in worker.stderr.splitlines()
+    assert "started: queues mial," in worker.stderr  # and it ran on it
+    declared = command(project, "--url", url, "worker", "jobs:app", "-q", "mail", "--burst")
+    assert "Warning" not in ok(declared) + declared.stderr
+    job = command(
+        project, "--url", url, "job", "1", "-q", "mail", "-q", "mial", "--app", "jobs:app"
+    )
+    assert job.stderr.splitlines() == [
+        unknown_queue_warning("mial", "jobs:app"),
+        "Error: no job 1 in queue(s) mail, mial",
+    ]
 
 
 def test_redact_url_hides_passwords() -> None:
@@ -377,6 +667,8 @@ def test_read_only_commands_do_not_migrate_an_apps_own_store(project: Path) -> N
         "0",
         "0",
         "0",
+        "0",
+        "no",
     ]
 
 

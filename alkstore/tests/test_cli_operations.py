@@ -22,6 +22,7 @@ from test_cli import WAIT_S, command, ok, one_line_error
 
 import alkstore
 from alkstore_contract_tests._clock import ManualClock
+from alkstore_contract_tests._fixtures import claim_exactly
 
 #: When :func:`bury` makes its dead letters: long enough ago that
 #: ``dead purge --older-than 86400`` (real clock) reaches them.
@@ -103,9 +104,9 @@ def test_dead_list_prints_a_table_and_pages(project: Path, url: str) -> None:
     header = lines[0]
     assert header.split() == ["id", "died_at", "attempts", "last_error"]
     assert [line.split() for line in lines[1:]] == [
-        [str(first), LONG_AGO_ISO, "1/5", "boom"],  # the first line only
+        [str(first), LONG_AGO_ISO, "1/5", "boom\u2026"],  # the first line, marked cut
         [str(second), LONG_AGO_ISO, "1/5", "failed"],  # SPEC §3: fail(None)
-        [str(third), LONG_AGO_ISO, "1/5", "x" * 80],  # cut at 80 characters
+        [str(third), LONG_AGO_ISO, "1/5", "x" * 79 + "\u2026"],  # 80 characters, marked
     ]
     for line in lines[1:]:  # the columns line up under the header
         assert line.index(LONG_AGO_ISO) == header.index("died_at")
@@ -122,6 +123,29 @@ def test_dead_list_prints_a_table_and_pages(project: Path, url: str) -> None:
         "no dead jobs in queue mail\n"
     )
     assert ok(run(project, url, "dead", "list", "other")) == "no dead jobs in queue other\n"
+
+
+@pytest.mark.parametrize(
+    ("error", "shown"),
+    [
+        ("y" * 80, "y" * 80),  # fits: whole, unmarked
+        ("y" * 81, "y" * 79 + "\u2026"),
+        ("ValueError: boom\n\nTraceback (most recent call last):", "ValueError: boom\u2026"),
+        ("carriage\rreturn", "carriage\u2026"),  # a line break of its own
+        ("done\n", "done"),  # only a final newline: nothing left out
+        ("\nafter a blank first line", "\u2026"),
+    ],
+    ids=["80", "81", "traceback", "carriage-return", "final-newline", "blank-first-line"],
+)
+def test_dead_list_marks_a_cut_error_with_an_ellipsis(
+    project: Path, url: str, error: str, shown: str
+) -> None:
+    """The table shows at most 80 characters of the first line; an ellipsis
+    says that ``alkstore job ID`` has more to show."""
+    (job_id,) = bury(url, "mail", [error])
+    header, row = ok(run(project, url, "dead", "list", "mail")).splitlines()
+    assert row[header.index("last_error") :] == shown
+    assert row.startswith(str(job_id))
 
 
 def test_dead_list_json_is_one_object_per_line(project: Path, url: str) -> None:
@@ -229,7 +253,9 @@ def test_dead_requeue_all(project: Path, url: str) -> None:
         "0",
         "0",
         "0",
+        "0",
         "3",
+        "no",
     ]
 
 
@@ -280,8 +306,8 @@ def test_dead_purge_answered_yes(project: Path, url: str) -> None:
 
 def test_stats_without_queues_lists_every_queue_of_the_store(project: Path, url: str) -> None:
     ok(run(project, url, "migrate"))
-    assert ok(run(project, url, "stats")) == "no queues yet\n"
-    assert one_line_error(run(project, url, "job", "7")) == "Error: no job 7: no queues yet"
+    assert ok(run(project, url, "stats")) == "no jobs in any queue\n"
+    assert one_line_error(run(project, url, "job", "7")) == "Error: no job 7: no jobs in any queue"
     with alkstore.open(url) as store:
         now = store.queue("a.now")
         now.enqueue(1)
@@ -291,16 +317,51 @@ def test_stats_without_queues_lists_every_queue_of_the_store(project: Path, url:
         store.queue("d.paused").pause()
     (dead,) = bury(url, "c.dead", ["gone"])
     assert ok(run(project, url, "stats")).splitlines() == [
-        "queue     pending  scheduled  processing  dead",
-        "a.now           1          0           1     0",
-        "b.later         0          1           0     0",
-        "c.dead          0          0           0     1",
-        "d.paused        0          0           0     0",
+        "queue     pending  scheduled  processing  lapsed  dead  paused",
+        "a.now           1          0           1       0     0  no",
+        "b.later         0          1           0       0     0  no",
+        "c.dead          0          0           0       0     1  no",
+        "d.paused        0          0           0       0     0  yes",
     ]
     shown = json.loads(ok(run(project, url, "job", str(dead), "--json")))
     assert (shown["queue"], shown["state"], shown["last_error"]) == ("c.dead", "dead", "gone")
     assert one_line_error(run(project, url, "job", "999")) == (
         "Error: no job 999 in queue(s) a.now, b.later, c.dead, d.paused"
+    )
+
+
+def test_stats_tells_lapsed_claims_from_live_ones_and_shows_paused_queues(
+    project: Path, url: str
+) -> None:
+    """Two claims made long ago have lapsed by now; one made now holds for
+    an hour; ``idle`` is paused with no job."""
+    with alkstore.open(url, clock=ManualClock(LONG_AGO)) as store:
+        mail = store.queue("mail")
+        ids = [mail.enqueue(n) for n in range(2)]
+        assert [h.id for h in mail.claim_batch("w", 2)] == ids
+    with alkstore.open(url) as store:
+        held = store.queue("mail", alkstore.QueueOpts(visibility_timeout_s=3600))
+        job_id = held.enqueue(2, priority=1)  # claimed before the lapsed two
+        assert claim_exactly(held, job_id).claim_deadline > datetime.now(UTC)
+        assert store.queue("idle").pause()
+    assert ok(run(project, url, "stats")).splitlines() == [
+        "queue  pending  scheduled  processing  lapsed  dead  paused",
+        "idle         0          0           0       0     0  yes",
+        "mail         0          0           3       2     0  no",
+    ]
+
+
+def test_stats_of_a_drained_store_says_no_jobs(project: Path, url: str) -> None:
+    """Every job ran and was acked: the queues are gone from
+    ``queue_names()``, and the store is not new."""
+    with alkstore.open(url) as store:
+        mail = store.queue("mail")
+        job_id = mail.enqueue(1)
+        (handle,) = mail.claim_batch("w", 1)
+        assert handle.ack()
+    assert ok(run(project, url, "stats")) == "no jobs in any queue\n"
+    assert one_line_error(run(project, url, "job", str(job_id))) == (
+        f"Error: no job {job_id}: no jobs in any queue"
     )
 
 

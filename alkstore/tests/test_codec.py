@@ -90,6 +90,58 @@ def test_values_outside_strict_json_are_refused(value: object, message: str) -> 
         encode_payload(value)
 
 
+#: What the codec accepts, as each refusal says it.
+JSON_VALUES = (
+    "a dict, list, str, int, float, bool or None of exactly those types "
+    "(subclasses and tuples are refused)"
+)
+BYTES_INSIDE = (
+    "; bytes can be a payload only on their own, never inside JSON: encode them as "
+    "text first (base64, say)"
+)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (
+            {"a": b"x"},
+            f"payload['a'] is of type bytes; a value inside a JSON payload (task arguments "
+            f"included) is {JSON_VALUES}{BYTES_INSIDE}",
+        ),
+        (
+            [1, [bytearray(b"x")]],
+            f"payload[1][0] is of type bytearray; a value inside a JSON payload (task "
+            f"arguments included) is {JSON_VALUES}{BYTES_INSIDE}",
+        ),
+        (
+            {"a": (1, 2)},
+            f"payload['a'] is of type tuple; a value inside a JSON payload (task arguments "
+            f"included) is {JSON_VALUES}",
+        ),
+        (
+            bytearray(b"x"),
+            f"payload is of type bytearray; a payload is exactly bytes (stored as given) or "
+            f"a JSON value: {JSON_VALUES}",
+        ),
+        (
+            (1, 2),
+            f"payload is of type tuple; a payload is exactly bytes (stored as given) or a "
+            f"JSON value: {JSON_VALUES}",
+        ),
+    ],
+    ids=["bytes-in-a-dict", "bytearray-in-a-list", "tuple-in-a-dict", "bytearray", "tuple"],
+)
+def test_a_refusal_says_exactly_what_is_accepted_where_the_value_stands(
+    value: object, message: str
+) -> None:
+    """Bytes are a payload on their own, never a value inside JSON: a
+    nested ``bytes`` is not told that payloads may be bytes."""
+    with pytest.raises(ValidationError) as caught:
+        encode_payload(value)
+    assert str(caught.value) == message
+
+
 def nested(depth: int) -> list[Any]:
     value: list[Any] = []
     for _ in range(depth - 1):

@@ -1,10 +1,13 @@
-"""The README's main job, ``examples/quickstart.py``, run as a user runs it,
-its summary checked against hashes computed here with hashlib."""
+"""The examples, run as a user runs them: the README's main job,
+``examples/quickstart.py``, its summary checked against hashes computed here
+with hashlib; and the code blocks of the docs pages that show a whole
+program, each page's blocks run in order in a folder of their own."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import sqlite3
 import stat
@@ -12,11 +15,15 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import unquote_to_bytes
 
 import pytest
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
+import alkstore
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "quickstart.py"
 SKIPPED = {"__pycache__", "site-packages", "dist-packages"}
 
 
@@ -203,3 +210,129 @@ def test_bad_arguments_are_one_clear_line(
     assert message in result.stderr.splitlines()[-1]
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "quickstart.db").exists()  # nothing was written
+
+
+# -- the docs' code blocks, as written ---------------------------------------
+
+#: A fenced block: its language and its code.
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.MULTILINE | re.DOTALL)
+#: A Python block that begins ``# NAME.py`` is that file's content.
+FILE_BLOCK = re.compile(r"# (\w+)\.py\n")
+
+
+class Block(NamedTuple):
+    """One code block of a page, and what running it did (``None`` for a
+    file, which is written, not run)."""
+
+    language: str
+    code: str
+    result: subprocess.CompletedProcess[str] | None
+
+
+def run_page(page: str, folder: Path) -> list[Block]:
+    """Run the ``python`` and ``sh`` blocks of ``docs/PAGE`` in order in
+    ``folder``, as a reader would: a Python block headed ``# NAME.py`` is
+    saved as ``NAME.py``; any other Python block runs as a program of its
+    own; a shell block runs in bash, stopping at its first failing line,
+    with this interpreter's ``python`` and ``alkstore`` first on PATH. Other
+    blocks (output, plain text) are left alone. Each run must succeed."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
+    environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), environ["PATH"]])
+    blocks = []
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    for match in FENCE.finditer(text):
+        language, code = match.group(1), match.group(2)
+        if language == "python" and (name := FILE_BLOCK.match(code)):
+            (folder / f"{name.group(1)}.py").write_text(code, encoding="utf-8")
+            blocks.append(Block(language, code, None))
+            continue
+        if language == "python":
+            argv = [sys.executable, "-c", code]
+        elif language == "sh":
+            argv = ["bash", "-e", "-c", code]
+        else:
+            continue
+        result = subprocess.run(
+            argv, check=False, cwd=folder, env=environ, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, f"{page}:\n{code}\n{result.stdout}\n{result.stderr}"
+        blocks.append(Block(language, code, result))
+    return blocks
+
+
+def import_has_no_side_effects(folder: Path, module: str, tmp_path: Path) -> None:
+    """Importing ``module`` (a file of a page that defines an App), alone in
+    an empty folder as a worker imports it, writes nothing: no database, no
+    job."""
+    alone = tmp_path / f"import-{module}"
+    alone.mkdir()
+    shutil.copy(folder / f"{module}.py", alone)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
+    result = subprocess.run(
+        [sys.executable, "-c", f"import {module}"],
+        check=False,
+        cwd=alone,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (result.stdout, result.stderr) == ("", "")
+    assert sorted(p.name for p in alone.iterdir() if p.name != "__pycache__") == [f"{module}.py"]
+
+
+def outputs(blocks: list[Block]) -> list[str]:
+    return [block.result.stdout for block in blocks if block.result is not None]
+
+
+def test_the_tasks_and_workers_page_runs_as_written(tmp_path: Path) -> None:
+    """jobs.py defines the app; enqueue.py enqueues; a real ``alkstore worker
+    --burst`` runs the ready job; the command line enqueues another."""
+    folder = tmp_path / "page"
+    folder.mkdir()
+    blocks = run_page("tasks-and-workers.md", folder)
+    assert [b.code.split("\n", 1)[0] for b in blocks if b.language == "python"] == [
+        "# jobs.py",
+        "# enqueue.py",
+    ]
+    import_has_no_side_effects(folder, "jobs", tmp_path)
+    session, by_command = (b.result for b in blocks if b.result is not None)
+    first_id = session.stdout.splitlines()[0]
+    assert session.stdout.splitlines() == [
+        first_id,  # enqueue.py's job id
+        "welcome (en) to grace@example.com",  # its plain call
+        "welcome (fr) to ada@example.com",  # the worker ran the ready job
+    ]
+    assert f"job {first_id} of 'emails' (jobs.send_welcome) succeeded" in session.stderr
+    command_id = int(by_command.stdout)
+    assert command_id == int(first_id) + 2  # after the delayed job
+    with alkstore.open(f"sqlite:///{folder / 'alkstore.db'}", migrate=False) as store:
+        emails = store.queue("emails")
+        assert tuple(emails.stats()) == (1, 1, 0, 0)  # the command's, and the delayed one
+        job = emails.get_job(command_id)
+        assert job is not None
+        assert job.max_attempts == 3  # --app gave the task's queue options
+
+
+def test_the_outbox_page_runs_as_written(tmp_path: Path) -> None:
+    """An order and its message committed together, relayed by relay_once;
+    shop.py's relay, then a second order added through the app and relayed
+    by a batch job."""
+    folder = tmp_path / "page"
+    folder.mkdir()
+    blocks = run_page("outbox.md", folder)
+    import_has_no_side_effects(folder, "shop", tmp_path)
+    assert outputs(blocks) == [
+        "",  # the order and its message
+        "published {'event': 'order.created', 'order': 1}\n1 delivered\n",
+        "",  # the second order, through the app
+        "published {'event': 'order.created', 'order': 2}\n1 delivered\n",
+    ]
+    with alkstore.open(f"sqlite:///{folder / 'shop.db'}", migrate=False) as store:
+        assert tuple(store.queue("outbox.orders").stats()) == (0, 0, 0, 0)
+    with sqlite3.connect(folder / "shop.db") as conn:
+        assert conn.execute("SELECT id, total FROM orders ORDER BY id").fetchall() == [
+            (1, 99.5),
+            (2, 12.0),
+        ]

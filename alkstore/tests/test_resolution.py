@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -125,4 +126,87 @@ def test_the_widest_instants_and_durations_resolve_without_overflow() -> None:
     assert r.expires_at == last + hundred_years
     assert enqueue_options(run_at=datetime(1900, 1, 1, tzinfo=UTC)).run_at == datetime(
         1900, 1, 1, tzinfo=UTC
+    )
+
+
+class _Zone(tzinfo):
+    """A hand-written zone: ``utcoffset`` gives (or raises) ``offset`` and
+    counts its calls."""
+
+    def __init__(self, offset: object) -> None:
+        self.offset = offset
+        self.calls = 0
+
+    def utcoffset(self, dt: datetime | None) -> Any:
+        self.calls += 1
+        if isinstance(self.offset, BaseException):
+            raise self.offset
+        return self.offset
+
+    def dst(self, dt: datetime | None) -> None:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("offset", "message"),
+    [
+        (
+            timedelta(hours=24),
+            "run_at must be timezone-aware with a valid UTC offset; its tzinfo (_Zone) failed "
+            "for 2030-01-01T06:30:00: ValueError: offset must be a timedelta strictly between",
+        ),
+        (
+            -timedelta(days=2),
+            "run_at must be timezone-aware with a valid UTC offset; its tzinfo (_Zone) failed "
+            "for 2030-01-01T06:30:00: ValueError: offset must be a timedelta strictly between",
+        ),
+        (
+            "+05:00",
+            "run_at must be timezone-aware with a valid UTC offset; its tzinfo (_Zone) failed "
+            "for 2030-01-01T06:30:00: TypeError: tzinfo.utcoffset() must return None or "
+            "timedelta, not 'str'",
+        ),
+        (
+            RuntimeError("zone database unreadable"),
+            "run_at must be timezone-aware with a valid UTC offset; its tzinfo (_Zone) failed "
+            "for 2030-01-01T06:30:00: RuntimeError: zone database unreadable",
+        ),
+        (
+            None,
+            "run_at must be timezone-aware; its tzinfo (_Zone) gives no UTC offset for "
+            "2030-01-01T06:30:00",
+        ),
+    ],
+    ids=["24h", "minus-2-days", "str", "raises", "none"],
+)
+def test_a_run_at_whose_tzinfo_gives_no_valid_offset_is_refused(
+    offset: object, message: str
+) -> None:
+    run_at = datetime(2030, 1, 1, 6, 30, tzinfo=_Zone(offset))
+    with pytest.raises(ValidationError) as caught:
+        enqueue_options(run_at=run_at)
+    assert str(caught.value).startswith(message)
+    assert caught.value.__cause__ is None  # the zone's error is named, not chained
+
+
+def test_a_run_at_is_read_through_its_tzinfo_once_and_returned_plain_utc() -> None:
+    class Instant(datetime):
+        pass
+
+    zone = _Zone(timedelta(hours=5, minutes=30))
+    got = enqueue_options(run_at=Instant(2030, 1, 1, 6, 30, tzinfo=zone)).run_at
+    assert got == datetime(2030, 1, 1, 1, 0, tzinfo=UTC)
+    assert type(got) is datetime  # not the subclass, not the caller's zone
+    assert got.tzinfo is UTC
+    assert zone.calls == 1
+    assert enqueue_options(run_at=datetime(2030, 1, 1, tzinfo=UTC)).run_at.tzinfo is UTC
+
+
+def test_an_out_of_range_run_at_is_shown_with_its_offset() -> None:
+    late = datetime(9000, 1, 1, 0, 0, 1, tzinfo=timezone(-timedelta(hours=5, microseconds=1500)))
+    with pytest.raises(ValidationError) as caught:
+        enqueue_options(run_at=late)
+    assert str(caught.value) == (
+        "run_at must lie between 1900-01-01 and 9000-01-01 UTC, "
+        "got 9000-01-01T00:00:01 at UTC offset -05:00:00.001500"
     )

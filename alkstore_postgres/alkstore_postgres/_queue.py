@@ -352,6 +352,22 @@ STATS = sql.SQL("""
         (SELECT count(*) FROM {dead} WHERE queue = %(queue)s)
 """)
 
+# The processing rows whose claim has lapsed, in every private state that
+# holds a claim (the claim moves lapsed ones to 'lapsed' and expired ones to
+# 'expired' only when it next runs); each term by the instants, as STATS.
+# 'processing' is a range of jobs_processing (queue, claim_deadline);
+# 'lapsed' and 'expired' rows are counted from their own index ranges.
+LAPSED_CLAIMS = sql.SQL("""
+    SELECT
+        (SELECT count(*) FROM {jobs}
+         WHERE queue = %(queue)s AND state = 'processing' AND claim_deadline <= %(now)s)
+        + (SELECT count(*) FROM {jobs}
+           WHERE queue = %(queue)s AND state = 'lapsed' AND claim_deadline <= %(now)s)
+        + (SELECT count(*) FROM {jobs}
+           WHERE queue = %(queue)s AND state = 'expired' AND expires_at IS NOT NULL
+             AND claim_deadline <= %(now)s)
+""")
+
 
 def _stamps(resolved: Resolved) -> tuple[Any, ...]:
     """The row values every enqueue binds after the payload(s), in order."""
@@ -541,6 +557,14 @@ class PostgresQueue(Queue):
             row = conn.execute(store.sql(STATS), params, binary=True).fetchone()
         assert row is not None
         return QueueStats(*row)
+
+    def _lapsed_claims(self) -> int:
+        store = self._pg_store
+        params = {"queue": self._name, "now": store._now()}
+        with store._db.connection() as conn:
+            row = conn.execute(store.sql(LAPSED_CLAIMS), params, binary=True).fetchone()
+        assert row is not None
+        return int(row[0])
 
     # -- pause and dead letters (docs/operations.md); the SQL is in
     # _operations.

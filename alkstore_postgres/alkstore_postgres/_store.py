@@ -244,6 +244,10 @@ class PostgresStore(Store):
         with self._db.connection() as conn:
             _schema.migrate(conn, self._schema, self._injected_now())
 
+    def _schema_version(self) -> int | None:
+        with self._db.connection() as conn:
+            return _schema.read_version(conn, self._schema)
+
     def _close(self) -> None:
         try:
             self._listener.stop()

@@ -33,6 +33,7 @@ from alkstore_contract_tests import T0, ManualClock
 from alkstore_postgres import SCHEMA_VERSION, PostgresStore
 from alkstore_postgres._maintenance import advisory_key
 from alkstore_postgres._operations import QUEUE_NAMES, dead_jobs_query
+from alkstore_postgres._queue import LAPSED_CLAIMS
 from alkstore_postgres._schema import (
     _MIGRATIONS,
     render,
@@ -400,6 +401,40 @@ def test_dead_jobs_is_an_index_range(
             assert _blocks(plan) < 20, text
     finally:
         admin.execute("RESET plan_cache_mode")
+
+
+@pytest.mark.slow
+def test_lapsed_claims_passes_over_live_claims_by_their_deadline(
+    big_store: PostgresStore, admin: psycopg.Connection[Any], schema: str
+) -> None:
+    """5 000 live claims of queue "a" (deadline tomorrow) and 10 000 more in
+    "b" and "c": counting the lapsed ones reads index ranges, never them."""
+    early = T0 - timedelta(days=1)
+    for state, rows in (("processing", 3), ("lapsed", 2)):
+        fill_state(
+            admin,
+            schema,
+            state=state,
+            deadline=early,
+            queue="a",
+            priority=0,
+            run_at=early,
+            rows=rows,
+        )
+    admin.execute(render(sql.SQL("ANALYZE {jobs}"), schema))
+    assert big_store.queue("a").lapsed_claims() == 5
+    assert big_store.queue("a").stats().processing == 5_005
+    assert big_store.queue("rare").lapsed_claims() == 0
+    admin.execute("SET plan_cache_mode = force_generic_plan")  # as the pool plans (D25)
+    try:
+        plan = _explain(admin, render(LAPSED_CLAIMS, schema), {"queue": "a", "now": T0})
+    finally:
+        admin.execute("RESET plan_cache_mode")
+    text = json.dumps(plan)
+    assert "Seq Scan" not in {n["Node Type"] for n in nodes(plan["Plan"])}, text
+    scans = {n.get("Index Name") for n in nodes(plan["Plan"]) if "Index Name" in n}
+    assert {"jobs_processing", "jobs_lapsed", "jobs_expiry"} <= scans, text
+    assert _blocks(plan) < 30, text
 
 
 # -- schedules ---------------------------------------------------------------

@@ -249,6 +249,22 @@ _STATS = """
         (SELECT count(*) FROM _alkstore_dead WHERE queue = :queue)
 """
 
+# The processing rows whose claim has lapsed, in every private state that
+# holds a claim (the claim moves lapsed ones to 'lapsed' and expired ones to
+# 'expired' only when it next runs); each term by the instants, as _STATS.
+# 'processing' is a range of its claim_deadline index; 'lapsed' and
+# 'expired' rows are counted from their own index ranges.
+_LAPSED_CLAIMS = """
+    SELECT
+        (SELECT count(*) FROM _alkstore_jobs
+         WHERE queue = :queue AND state = 'processing' AND claim_deadline <= :now)
+        + (SELECT count(*) FROM _alkstore_jobs
+           WHERE queue = :queue AND state = 'lapsed' AND claim_deadline <= :now)
+        + (SELECT count(*) FROM _alkstore_jobs
+           WHERE queue = :queue AND state = 'expired' AND expires_at IS NOT NULL
+             AND claim_deadline <= :now)
+"""
+
 
 def job_row(queue: str, resolved: Resolved, payload: EncodedPayload) -> tuple[Any, ...]:
     """The values of the job insert (:func:`insert_one`) for one new job of
@@ -402,6 +418,12 @@ class SqliteQueue(Queue):
         row = self._store._pool.run(fetchone, _STATS, {"queue": self._name, "now": now})
         assert row is not None
         return QueueStats(*row)
+
+    def _lapsed_claims(self) -> int:
+        now = to_us(self._store._now())
+        row = self._store._pool.run(fetchone, _LAPSED_CLAIMS, {"queue": self._name, "now": now})
+        assert row is not None
+        return int(row[0])
 
     # -- the operator's (_operations) ----------------------------------------
 

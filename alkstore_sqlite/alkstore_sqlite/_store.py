@@ -129,7 +129,9 @@ class SqliteStore(Store):
                     raise SchemaVersionError(
                         f"the database schema is version {found}, older than this "
                         f"code's {_schema.SCHEMA_VERSION}; open it with migrate=True "
-                        "or run `alkstore migrate`"
+                        "or run `alkstore migrate`",
+                        found=found,
+                        expected=_schema.SCHEMA_VERSION,
                     )
         except BaseException:
             self._closed = True
@@ -161,6 +163,9 @@ class SqliteStore(Store):
 
     def _migrate(self) -> None:
         self._pool.transaction(_schema.migrate, to_us(self._now()))
+
+    def _schema_version(self) -> int | None:
+        return self._pool.run(_schema.read_version)
 
     def _close(self) -> None:
         with self._subscriptions_lock:

@@ -22,6 +22,7 @@ from alkstore_sqlite import SqliteStore, open_store
 from alkstore_sqlite._queue import (
     _BURY_EXHAUSTED,
     _BURY_EXPIRED,
+    _LAPSED_CLAIMS,
     _MOVES,
     _STATS,
     CLAIM_ANY,
@@ -115,6 +116,21 @@ def test_stats_and_sweep_read_only_their_indexes(
             assert not [step for step in plan if "TEMP B-TREE" in step]
         sweep = [step for step, _ in _plan(conn, _BURY_EXPIRED, _params(clock))]
         assert sweep == [_search(*NEWLY_EXPIRED)]
+
+
+def test_lapsed_claims_reads_one_index_range_per_state(
+    store: SqliteStore, db_path: Path, clock: ManualClock
+) -> None:
+    """Live claims are passed over by their deadline's index range; the
+    private 'lapsed' and 'expired' rows are read from their own indexes."""
+    with sqlite3.connect(db_path) as conn:
+        plan = [step for step, _ in _plan(conn, _LAPSED_CLAIMS, _params(clock))]
+    assert [step for step in plan if step.startswith("SEARCH")] == [
+        CLAIMS_LAPSED,
+        LAPSED,
+        _search("_alkstore_jobs_expiry", "queue=? AND state=? AND expires_at>?"),
+    ]
+    assert not [step for step in plan if step.startswith("SCAN _alkstore_jobs")]
 
 
 # -- the work of whole claims, counted ---------------------------------------

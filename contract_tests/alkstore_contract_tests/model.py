@@ -216,6 +216,13 @@ class ModelStore:
             sum(r.queue == queue for r in self.dead.values()),
         )
 
+    def lapsed_claims(self, queue: str, now: datetime) -> int:
+        """Processing rows whose claim has lapsed (SPEC §3 "Boundaries")."""
+        return sum(
+            r.queue == queue and r.state == "processing" and r.lapsed(now)
+            for r in self.live.values()
+        )
+
     # -- claim -----------------------------------------------------------------
 
     def _move_to_dead(self, row: ModelJob, error: str, now: datetime) -> None:

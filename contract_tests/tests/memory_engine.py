@@ -303,6 +303,11 @@ class MemoryQueue(Queue):
         with self.db.lock:
             return QueueStats(*self.db.model.stats(self.name, now))
 
+    def _lapsed_claims(self) -> int:
+        now = self._store._now()
+        with self.db.lock:
+            return self.db.model.lapsed_claims(self.name, now)
+
     def _set_paused(self, paused: bool) -> bool:
         with self.db.lock:
             changed = self.db.model.set_paused(self.name, paused)

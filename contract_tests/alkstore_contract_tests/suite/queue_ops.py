@@ -1,5 +1,6 @@
 """Queue operations other than enqueue and claim: ``ack_batch``, ``cancel``,
-``get_job``, ``sweep_expired``, ``stats``, and queue isolation (SPEC §3)."""
+``get_job``, ``sweep_expired``, ``stats`` and ``lapsed_claims``, and queue
+isolation (SPEC §3)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import NamedTuple
 
 import pytest
 
-from alkstore import Queue, QueueOpts, QueueStats, Store, SweepResult
+from alkstore import Queue, QueueOpts, QueueStats, Store, StoreClosedError, SweepResult
 from alkstore_contract_tests._clock import ManualClock
 from alkstore_contract_tests._fixtures import ContractFixtures, at, claim_exactly, job
 
@@ -273,6 +274,57 @@ class StatsTests(ContractFixtures):
         assert queue.stats() == (4, 0, 1, 1)
         assert queue.cancel(due)
         assert queue.stats() == (3, 0, 1, 1)
+
+    def test_lapsed_claims_counts_processing_jobs_past_their_deadline(
+        self, store: Store, clock: ManualClock
+    ) -> None:
+        """``lapsed_claims()``: processing rows with ``now >= claim_deadline``,
+        part of ``stats().processing``, whatever state the claims, sweeps
+        and clock moves since left them in."""
+        short = store.queue("jobs", QueueOpts(visibility_timeout_s=10))
+        long = store.queue("jobs", QueueOpts(visibility_timeout_s=100))
+        first, second = short.enqueue("first"), short.enqueue("second")
+        held = long.enqueue("held")
+        spent = short.enqueue("spent", max_attempts=1)
+        expiring = short.enqueue("expiring", expires=15)
+        claimed = short.claim_batch("w", 5)
+        assert [h.id for h in claimed] == [first, second, held, spent, expiring]
+        short.enqueue("waiting")
+        short.enqueue("later", delay=1000)
+        assert claim_exactly(short, short.enqueue("dead", priority=1)).fail()
+        assert short.stats() == (1, 1, 5, 1)
+        assert short.lapsed_claims() == 0
+
+        clock.set(at(10) - MICRO)
+        assert short.lapsed_claims() == 0
+        clock.set(at(10))  # the boundary: lapsed at claim_deadline itself
+        assert short.lapsed_claims() == 4  # all but held
+        assert short.stats().processing == 5  # lapsed claims included
+        assert long.lapsed_claims() == 4  # a handle's opts do not matter
+
+        # A claim dead-letters spent, reclaims first (due at T0, lowest id),
+        # and moves second and expiring to the engine's lapsed state.
+        assert claim_exactly(short, first, "w2").claim_deadline == at(20)
+        assert short.lapsed_claims() == 2  # second, expiring
+        assert short.stats() == (1, 1, 4, 2)
+
+        clock.set(at(15))  # expiring expires: lapsed and expired alike
+        assert claim_exactly(short, second, "w2").claim_deadline == at(25)
+        assert short.lapsed_claims() == 1  # expiring
+        clock.set(at(20))
+        assert short.lapsed_claims() == 2  # first again, expiring
+        clock.set(at(12))  # an injected clock moved back: by the instants
+        assert short.lapsed_claims() == 1  # expiring (deadline 10)
+        clock.set(at(20))
+        assert short.sweep_expired() == (1, 0)
+        assert short.lapsed_claims() == 1  # first
+        assert short.stats() == (1, 1, 3, 3)
+        assert store.queue("other").lapsed_claims() == 0
+
+    def test_lapsed_claims_on_a_closed_store_raises(self, store: Store, queue: Queue) -> None:
+        store.close()
+        with pytest.raises(StoreClosedError):
+            queue.lapsed_claims()
 
 
 class IsolationTests(ContractFixtures):

@@ -4,7 +4,7 @@ and writes nothing (SPEC §2 "Durations", §3 "Validation")."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, tzinfo
 from typing import Any, NamedTuple
 
 import pytest
@@ -12,6 +12,7 @@ import pytest
 from alkstore import Job, JobHandle, Queue, QueueOpts, QueueStats, Store, ValidationError
 from alkstore_contract_tests._clock import T0, ManualClock
 from alkstore_contract_tests._fixtures import ContractFixtures, at, claim_exactly, job
+from alkstore_contract_tests.harness import StoreTarget
 
 __all__ = ["ValidationTests"]
 
@@ -76,6 +77,37 @@ BAD_MAX_ATTEMPTS: list[object] = [0, -1, 2**31, True, 1.0, "3"]
 BAD_RUN_AT: list[object] = [datetime(2030, 1, 1), "2030-01-01T00:00:00+00:00", 1_893_456_000]
 BAD_N: list[object] = [True, False, 1.0, "1", None]
 BAD_ERRORS: list[object] = [5, None, b"boom", ["boom"]]
+
+
+class _BrokenZone(tzinfo):
+    """A ``tzinfo`` whose ``utcoffset`` Python refuses, raises, or gives no
+    offset: a datetime in it looks aware but names no instant."""
+
+    def __init__(self, offset: Callable[[], object]) -> None:
+        self._offset = offset
+
+    def utcoffset(self, dt: datetime | None) -> Any:
+        return self._offset()
+
+    def dst(self, dt: datetime | None) -> timedelta | None:
+        return None
+
+    def tzname(self, dt: datetime | None) -> str:
+        return "Broken"
+
+
+def _raise() -> object:
+    raise LookupError("no such zone in the tz database")
+
+
+#: Zones whose datetimes are refused as ``run_at`` and as clock readings.
+BROKEN_ZONES = {
+    "offset-24h": _BrokenZone(lambda: timedelta(hours=24)),
+    "offset-minus-25h": _BrokenZone(lambda: -timedelta(hours=25)),
+    "offset-not-a-timedelta": _BrokenZone(lambda: 3600),
+    "utcoffset-raises": _BrokenZone(_raise),
+    "no-offset": _BrokenZone(lambda: None),
+}
 
 
 class Scene(NamedTuple):
@@ -203,6 +235,29 @@ class ValidationTests(ContractFixtures):
         with pytest.raises(ValidationError):
             q.enqueue_many(["x", "y"], **options)
         self.assert_untouched(scene)
+
+    @pytest.mark.parametrize("zone", BROKEN_ZONES.values(), ids=BROKEN_ZONES.keys())
+    def test_run_at_in_a_broken_zone_writes_nothing(self, scene: Scene, zone: tzinfo) -> None:
+        """A ``tzinfo`` whose ``utcoffset`` Python would refuse later (24 h
+        or more, not a ``timedelta``), raises, or is ``None``: the same
+        ``ValidationError`` as a naive ``run_at``, never the tzinfo's own
+        exception."""
+        run_at = datetime(2030, 1, 1, tzinfo=zone)
+        q = scene.queue
+        with pytest.raises(ValidationError, match="run_at must be timezone-aware"):
+            q.enqueue("x", run_at=run_at)
+        with pytest.raises(ValidationError, match="run_at must be timezone-aware"):
+            q.enqueue_many(["x", "y"], run_at=run_at)
+        with pytest.raises(ValidationError, match="run_at must be timezone-aware"):
+            q.enqueue("x", run_at=run_at, delay=0)  # delay wins, but run_at is checked
+        self.assert_untouched(scene)
+
+    @pytest.mark.parametrize("zone", BROKEN_ZONES.values(), ids=BROKEN_ZONES.keys())
+    def test_a_clock_reading_in_a_broken_zone_is_refused(
+        self, alkstore_target: StoreTarget, zone: tzinfo
+    ) -> None:
+        with pytest.raises(ValidationError, match="the clock's reading must be timezone-aware"):
+            self.open_store(alkstore_target, clock=lambda: T0.replace(tzinfo=zone))
 
     def test_edge_enqueue_options_are_accepted(self, queue: Queue) -> None:
         far = job(queue, queue.enqueue("x", delay=HUNDRED_YEARS))
