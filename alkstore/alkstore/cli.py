@@ -1027,6 +1027,7 @@ def schedule(
         v.queue_name(name, "schedule name")
         v.queue_name(queue_name)
         parse_schedule(spec, timezone)
+        encode_payload(value)
     with ctx.errors(), ctx.store(app_spec, migrate=True) as store:
         saved = store.schedule(
             name,

@@ -506,6 +506,7 @@ BAD_ARGUMENTS = [
     (("schedule", "s", "@daily", "bad name", "1"), "queue name 'bad name'"),
     (("schedule", "s", "bogus", "q", "1"), "invalid cron expression 'bogus'"),
     (("schedule", "s", "@daily", "q", "{nope"), "the payload is not valid JSON"),
+    (("schedule", "s", "@daily", "q", '"\\ud800"'), "lone surrogate"),
     (("unschedule", "bad name"), "schedule name 'bad name'"),
     (("scheduler", "--interval", "0"), "must be > 0 seconds"),
     (("migrate", "--app", "nosuchmodule:app"), "cannot import 'nosuchmodule'"),
