@@ -82,10 +82,29 @@ def database_identity(conn: psycopg.Connection[Any]) -> DatabaseIdentity:
     return row[0], row[1]
 
 
+# SQLSTATEs after which a retry cannot succeed until someone steps in: the
+# role lacks a privilege, or the store's tables or schema were dropped. Not
+# read_only_sql_transaction (25006): a failover passes through it.
+_PERMANENT_SQLSTATES = frozenset(
+    {
+        "42501",  # insufficient_privilege
+        "42P01",  # undefined_table
+        "3F000",  # invalid_schema_name
+    }
+)
+
+
 def engine_error(error: psycopg.Error) -> EngineError:
-    """Wrap a driver error; raise the result ``from error``."""
+    """Wrap a driver error; raise the result ``from error``.
+
+    ``permanent`` is set for the SQLSTATEs a retry cannot get past (missing
+    privilege, a dropped table or schema).
+    """
     detail = str(error).strip() or type(error).__name__
-    return EngineError(f"PostgreSQL error ({type(error).__name__}): {detail}")
+    return EngineError(
+        f"PostgreSQL error ({type(error).__name__}): {detail}",
+        permanent=error.sqlstate in _PERMANENT_SQLSTATES,
+    )
 
 
 @contextlib.contextmanager
