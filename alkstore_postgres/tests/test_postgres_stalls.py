@@ -2,7 +2,8 @@
 stops forwarding on its open connections without closing them, every call
 of the engine ends within ``query_timeout_s`` and the next one runs on a new
 connection; the listener notices and wakes its subscriptions again; a
-worker carries on."""
+worker carries on; and a worker stuck in the driver still stops on the
+second SIGTERM."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import pytest
 from postgres_proxy import StallingProxy
 
 from alkstore import QueueOpts
+from alkstore._signals import EXIT_AFTER_S
 from alkstore.errors import EngineError
 from alkstore_postgres import PostgresStore, channel_name
 from alkstore_postgres._maintenance import advisory_key
@@ -389,3 +391,35 @@ def test_case_013_a_worker_carries_on_when_its_connections_stall(
     twice = {ids[i] for i, n in counts.items() if n > 1}
     lost = {int(found) for found in re.findall(r"job (\d+) of 'drain' \(work\) lost", log)}
     assert twice <= lost, (twice, lost)
+
+
+@pytest.mark.slow
+def test_a_second_sigterm_ends_a_worker_stuck_in_the_driver(
+    proxy: StallingProxy, direct: PostgresStore, schema: str, tmp_path: Path
+) -> None:
+    q = direct.queue("drain")
+    runs = tmp_path / "runs"
+    # A bound far beyond the test: only the second signal can end the wait.
+    env = worker_env(proxy, schema, runs, query_timeout_s=600.0, repoll_interval_s=600.0)
+    with WorkerProcess(tmp_path, env, "--poll-interval", "0.1") as worker:
+        q.enqueue({"task": "work", "args": [0]})
+        wait_until(lambda: runs_of(runs), "the worker to run a job")
+        wait_until(lambda: q.stats() == (0, 0, 0, 0), "its ack")
+        proxy.stall()
+        # No job runs and the LISTEN connection is idle: the request comes
+        # from the claim loop, which now waits for an answer in the driver.
+        assert proxy.stalled_request.wait(WAIT_S)
+        worker.process.send_signal(signal.SIGTERM)
+        worker.wait_for_line("SIGTERM received: stopping")  # the handler runs meanwhile
+        assert worker.process.poll() is None
+        worker.process.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        try:
+            status = worker.process.wait(EXIT_AFTER_S + SLACK_S + 5)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the worker still runs after the second SIGTERM:\n{worker.stderr}")
+        ended_s = time.monotonic() - sent
+    print(f"\nthe process ended {ended_s:.3f} s after the second SIGTERM")
+    assert status == -signal.SIGTERM, worker.stderr
+    assert EXIT_AFTER_S <= ended_s < EXIT_AFTER_S + SLACK_S
+    assert "asked to stop at once: ending the process" in worker.stderr
