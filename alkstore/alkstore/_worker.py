@@ -44,7 +44,7 @@ from alkstore._outbox import Send
 from alkstore._outcome import Fail, Retry, describe_exception, retry_or_bury
 from alkstore._pool import DaemonPool
 from alkstore._scheduler import DEFAULT_TICK_INTERVAL_S, Scheduler
-from alkstore._signals import stop_signals
+from alkstore._signals import EXIT_AFTER_S, stop_signals
 from alkstore._sweeper import DEFAULT_SWEEP_INTERVAL_S, Sweeper
 from alkstore._task import Task, parse_task_payload
 from alkstore.errors import EngineError, StoreClosedError, ValidationError
@@ -377,22 +377,35 @@ class Worker:
     def _stop_requested(self) -> bool:
         return self._stopping
 
-    def _on_signal(self, signum: int) -> None:
+    def _on_signal(self, signum: int) -> bool:
+        """The first stop signal stops; the next ends the grace period, and
+        returns ``True``: run() must return now, or the process ends
+        (:func:`~alkstore._signals.stop_signals`)."""
         name = signal.Signals(signum).name
         with self._cond:
-            if not self._stopping:
-                log.info(
-                    "%s received: stopping; running jobs have %.0f s to finish "
-                    "(send it again to stop now)",
-                    name,
-                    self._grace_period_s,
-                )
-                self._stopping = True
-            else:
-                log.warning("%s received again: leaving running jobs to lapse", name)
-                self._aborting = True
-                self._abort.set()
+            # The flags first: another signal may come while this one logs,
+            # and its handler then runs inside this one.
+            aborting = self._stopping
+            self._stopping = True
+            self._aborting = self._aborting or aborting
+            if aborting:
+                self._abort.set()  # writes on held jobs stop being retried
             self._cond.notify_all()
+        if not aborting:
+            log.info(
+                "%s received: stopping; running jobs have %.0f s to finish "
+                "(send it again to stop now)",
+                name,
+                self._grace_period_s,
+            )
+        else:
+            log.warning(
+                "%s received again: leaving running jobs to lapse; the process ends "
+                "in %g s if the worker has not stopped by then",
+                name,
+                EXIT_AFTER_S,
+            )
+        return aborting
 
     def _give_up(self, error: BaseException) -> None:
         """Stop because of ``error``, which retrying cannot mend (a permanent

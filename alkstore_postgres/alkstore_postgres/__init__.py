@@ -4,7 +4,8 @@ Open it through the core: ``alkstore.open("postgresql://user@host/db")``
 (the ``postgresql`` and ``postgres`` schemes of the ``alkstore.engines``
 entry points). Engine options besides SPEC §2's ``clock``, ``rng`` and
 ``migrate``: ``schema``, ``pool_min_size``, ``pool_max_size``,
-``pool_timeout_s`` and ``repoll_interval_s`` (see :class:`PostgresStore`).
+``pool_timeout_s``, ``query_timeout_s`` and ``repoll_interval_s`` (see
+:class:`PostgresStore`).
 The package README explains the design: one statement per operation,
 ``FOR UPDATE SKIP LOCKED`` claims, LISTEN/NOTIFY wakes and the server's
 clock.
@@ -19,6 +20,7 @@ from alkstore_postgres._store import (
     DEFAULT_POOL_MAX_SIZE,
     DEFAULT_POOL_MIN_SIZE,
     DEFAULT_POOL_TIMEOUT_S,
+    DEFAULT_QUERY_TIMEOUT_S,
     DEFAULT_REPOLL_INTERVAL_S,
     ENGINE_OPTIONS,
     PostgresStore,
@@ -31,6 +33,7 @@ __all__ = [
     "DEFAULT_POOL_MAX_SIZE",
     "DEFAULT_POOL_MIN_SIZE",
     "DEFAULT_POOL_TIMEOUT_S",
+    "DEFAULT_QUERY_TIMEOUT_S",
     "DEFAULT_REPOLL_INTERVAL_S",
     "DEFAULT_SCHEMA",
     "ENGINE_OPTIONS",

@@ -8,17 +8,28 @@ statement and one round trip: the statement is its own transaction (no
 Every ``psycopg`` error becomes an :class:`~alkstore.errors.EngineError`
 with the driver's error as ``__cause__`` (SPEC §2 "Errors"); no driver
 exception crosses the contract.
+
+No call waits for the server without bound (``query_timeout_s``): every
+connection has TCP keepalives and ``tcp_user_timeout`` (a lost network is
+noticed by the kernel), a ``connect_timeout`` and a server-side
+``statement_timeout`` just below the bound (a slow statement ends with the
+server's own error), and every call runs under the store's
+:class:`~alkstore_postgres._watchdog.Watchdog` (an answer that never comes,
+say through a proxy that stopped forwarding, breaks the connection).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 import os
 import select
 import struct
 import threading
+import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any, TypeAlias
 
@@ -30,6 +41,7 @@ from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import ConnectionPool, PoolClosed
 
 from alkstore.errors import EngineError, StoreClosedError
+from alkstore_postgres._watchdog import Guard, Watchdog
 
 __all__ = [
     "ByteaArray",
@@ -38,9 +50,12 @@ __all__ = [
     "DatabaseIdentity",
     "database_identity",
     "drop_inherited",
+    "connection_params",
     "engine_error",
     "wrap_errors",
 ]
+
+log = logging.getLogger("alkstore.postgres")
 
 #: A psycopg connection returning rows as tuples.
 Conn: TypeAlias = psycopg.Connection[TupleRow]
@@ -82,10 +97,37 @@ def database_identity(conn: psycopg.Connection[Any]) -> DatabaseIdentity:
     return row[0], row[1]
 
 
-def engine_error(error: psycopg.Error) -> EngineError:
-    """Wrap a driver error; raise the result ``from error``."""
+# SQLSTATEs after which a retry cannot succeed until someone steps in: the
+# role lacks a privilege, or the store's tables or schema were dropped. Not
+# read_only_sql_transaction (25006): a failover passes through it.
+_PERMANENT_SQLSTATES = frozenset(
+    {
+        "42501",  # insufficient_privilege
+        "42P01",  # undefined_table
+        "3F000",  # invalid_schema_name
+    }
+)
+
+
+def engine_error(error: psycopg.Error, *, query_timeout_s: float | None = None) -> EngineError:
+    """Wrap a driver error; raise the result ``from error``.
+
+    ``permanent`` is set for the SQLSTATEs a retry cannot get past (missing
+    privilege, a dropped table or schema). With ``query_timeout_s``, a
+    statement the server cancelled for its ``statement_timeout`` names that
+    bound.
+    """
     detail = str(error).strip() or type(error).__name__
-    return EngineError(f"PostgreSQL error ({type(error).__name__}): {detail}")
+    if (
+        query_timeout_s is not None
+        and isinstance(error, psycopg.errors.QueryCanceled)
+        and "statement timeout" in detail
+    ):
+        detail += f" (the engine's: 90% of query_timeout_s = {query_timeout_s:g} s)"
+    return EngineError(
+        f"PostgreSQL error ({type(error).__name__}): {detail}",
+        permanent=error.sqlstate in _PERMANENT_SQLSTATES,
+    )
 
 
 @contextlib.contextmanager
@@ -153,16 +195,74 @@ _SESSION_SETTINGS = (
     r"-c plan_cache_mode=force_generic_plan -c default_transaction_isolation=read\ committed"
     " -c TimeZone=UTC"
 )
+#: The server-side statement_timeout, as a fraction of query_timeout_s: a
+#: statement that runs too long ends with the server's own error (the
+#: connection stays usable) before the client gives the connection up.
+STATEMENT_TIMEOUT_FRACTION = 0.9
+# TCP keepalives: the first probe after a third of query_timeout_s idle,
+# then every sixth, three unanswered probes: a connection whose peer
+# vanished (a host down, a network cut) is found dead within about
+# query_timeout_s even while idle, and dropped when next borrowed.
+_KEEPALIVES_COUNT = 3
+# The largest values libpq, the kernel and the server take (a query_timeout_s
+# of years means no bound in practice): a C int of milliseconds or seconds,
+# and Linux's cap on TCP_KEEPIDLE and TCP_KEEPINTVL.
+_INT_MAX = 2**31 - 1
+_KEEPALIVE_MAX_S = 32767
 
 
-def _session_options(conninfo: str) -> str:
-    given = conninfo_to_dict(conninfo).get("options") or os.environ.get("PGOPTIONS", "")
-    return f"{given} {_SESSION_SETTINGS}".strip()
+def _session_options(conninfo: str, query_timeout_s: float) -> str:
+    given = str(conninfo_to_dict(conninfo).get("options") or os.environ.get("PGOPTIONS", ""))
+    # Before the given options, which may set another statement_timeout; after
+    # them, the settings the engine's statements rely on, which must win.
+    statement_timeout_ms = min(
+        _INT_MAX, max(1, int(query_timeout_s * STATEMENT_TIMEOUT_FRACTION * 1000))
+    )
+    parts = [f"-c statement_timeout={statement_timeout_ms}", given, _SESSION_SETTINGS]
+    return " ".join(part for part in parts if part)
+
+
+def connection_params(conninfo: str, query_timeout_s: float) -> dict[str, Any]:
+    """The connection parameters the engine adds to ``conninfo`` for its own
+    connections (pooled and direct): autocommit, the session settings, and,
+    unless the URL sets them, libpq's ``connect_timeout`` (also unless
+    ``PGCONNECT_TIMEOUT`` is set), ``keepalives``, ``keepalives_idle``,
+    ``keepalives_interval``, ``keepalives_count`` and (libpq 12 or newer)
+    ``tcp_user_timeout``, all derived from ``query_timeout_s``."""
+    given = conninfo_to_dict(conninfo)
+    defaults: dict[str, Any] = {
+        # libpq's minimum is 2 s.
+        "connect_timeout": min(_INT_MAX, max(2, math.ceil(query_timeout_s))),
+        "keepalives": 1,
+        "keepalives_idle": min(_KEEPALIVE_MAX_S, math.ceil(query_timeout_s / 3)),
+        "keepalives_interval": min(_KEEPALIVE_MAX_S, math.ceil(query_timeout_s / 6)),
+        "keepalives_count": _KEEPALIVES_COUNT,
+    }
+    if psycopg.pq.version() >= 120000:
+        # Sent data unacknowledged this long fails the connection.
+        defaults["tcp_user_timeout"] = min(_INT_MAX, math.ceil(query_timeout_s * 1000))
+    if "PGCONNECT_TIMEOUT" in os.environ:
+        del defaults["connect_timeout"]
+    params: dict[str, Any] = {
+        "autocommit": True,
+        "options": _session_options(conninfo, query_timeout_s),
+    }
+    params.update((key, value) for key, value in defaults.items() if key not in given)
+    return params
+
+
+# Only sessions of this role on this database, never this one.
+_END_SESSIONS = """
+    SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+    WHERE pid = ANY(%s) AND pid <> pg_backend_pid()
+      AND usename = current_user AND datname = current_database()
+"""
 
 
 class Database:
     """The connections of one store: a pool for operations, and direct
-    connections for migrations and the LISTEN connection.
+    connections for migrations, maintenance turns and the LISTEN connection;
+    and the watchdog bounding every call on them.
 
     Parameters
     ----------
@@ -171,22 +271,45 @@ class Database:
     min_size, max_size
         The pool's bounds, in connections.
     timeout_s
-        Seconds an operation waits for a pooled connection (and a direct
-        connection's ``connect_timeout`` unless the URL sets one).
+        Seconds an operation waits for a pooled connection.
+    query_timeout_s
+        Seconds any one call (an operation's statements, a connect) may wait
+        for the server (see :func:`connection_params` and
+        :class:`~alkstore_postgres._watchdog.Watchdog`).
     name
         The pool's name, for psycopg_pool's logs.
     """
 
     def __init__(
-        self, conninfo: str, *, min_size: int, max_size: int, timeout_s: float, name: str
+        self,
+        conninfo: str,
+        *,
+        min_size: int,
+        max_size: int,
+        timeout_s: float,
+        query_timeout_s: float,
+        name: str,
     ) -> None:
         self.conninfo = conninfo
         self.timeout_s = timeout_s
+        self.query_timeout_s = query_timeout_s
         self._min_size = min_size
         self._max_size = max_size
         self._name = name
-        # This process's pooled connections (see _configure).
-        self._connections: weakref.WeakSet[Conn] = weakref.WeakSet()
+        self._params = connection_params(conninfo, query_timeout_s)
+        # This process's pooled connections (see _configure), with when each
+        # was made (monotonic seconds).
+        self._connections: weakref.WeakKeyDictionary[Conn, float] = weakref.WeakKeyDictionary()
+        # Connections made before this instant are suspect: a call on one of
+        # the store's connections got no answer within the bound then.
+        self._suspect_before = -math.inf
+        #: Called once a call got no answer in time (from the watchdog's
+        #: thread): the LISTEN connection is checked then too.
+        self.on_dead_connection: list[Callable[[], None]] = []
+        #: Bounds every call on the store's connections.
+        self.watchdog = Watchdog(
+            query_timeout_s, name=f"{name}-watchdog", on_expiry=self._connection_died
+        )
         self._pool = self._new_pool()
         self._opened = False
         self._closed = False
@@ -198,7 +321,7 @@ class Database:
     def _new_pool(self) -> ConnectionPool[Conn]:
         return ConnectionPool(
             self.conninfo,
-            kwargs={"autocommit": True, "options": _session_options(self.conninfo)},
+            kwargs=self._params,
             configure=self._configure,
             min_size=self._min_size,
             max_size=self._max_size,
@@ -209,7 +332,60 @@ class Database:
 
     def _configure(self, conn: Conn) -> None:
         conn.adapters.register_dumper(ByteaArray, _ByteaArrayDumper)
-        self._connections.add(conn)
+        self._connections[conn] = time.monotonic()
+
+    def _connection_died(self, backend_pids: list[int]) -> None:
+        # The store's other connections most likely share the dead one's
+        # path (a proxy, a NAT entry, a failed-over server): each is
+        # replaced when next borrowed rather than costing a caller the
+        # whole bound again.
+        self._suspect_before = time.monotonic()
+        log.warning(
+            "PostgreSQL did not answer within query_timeout_s (%g s): %d connection(s) "
+            "dropped; the store's older connections are replaced as they are next used",
+            self.query_timeout_s,
+            len(backend_pids),
+        )
+        for callback in list(self.on_dead_connection):
+            with contextlib.suppress(Exception):
+                callback()
+        threading.Thread(
+            target=self._end_sessions,
+            args=([pid for pid in backend_pids if pid],),
+            name=f"{self._name}-end-sessions",
+            daemon=True,
+        ).start()
+
+    def _end_sessions(self, backend_pids: list[int]) -> None:
+        # A session whose connection was given up on may live on at the
+        # server (behind a proxy or NAT that stopped forwarding, nothing
+        # reaches it), holding its locks (a maintenance turn's advisory
+        # lock, a migration's) and a connection slot until the server's own
+        # keepalives notice, by default after hours. Ended through a new
+        # connection, which may well get through; best effort.
+        if not backend_pids:
+            return
+        try:
+            conn = self.connect(application_name="alkstore-cleanup")
+            try:
+                with self.guard(conn):
+                    conn.execute(_END_SESSIONS, [backend_pids])
+            finally:
+                conn.close()
+        except Exception as error:
+            log.info("could not end the abandoned sessions %s: %s", backend_pids, error)
+
+    def guard(self, conn: Conn) -> Guard:
+        """Bound the calls on ``conn`` inside the ``with`` block to
+        ``query_timeout_s`` in all (see
+        :meth:`~alkstore_postgres._watchdog.Watchdog.guard`).
+
+        Raises
+        ------
+        EngineError
+            On leaving, when the bound passed and the block failed.
+        """
+        return self.watchdog.guard(conn)
 
     def open(self) -> None:
         """Start the pool; its connections are made in the background."""
@@ -219,12 +395,15 @@ class Database:
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[Conn]:
-        """Borrow an autocommit connection for one operation.
+        """Borrow an autocommit connection for one operation, whose calls
+        may take ``query_timeout_s`` in all.
 
         Raises
         ------
         EngineError
-            For any driver error inside, or no connection within the timeout.
+            For any driver error inside, no connection within the pool's
+            timeout, or no answer within ``query_timeout_s`` (the connection
+            is then dropped).
         StoreClosedError
             If the pool was closed (the store is closed).
         """
@@ -235,12 +414,14 @@ class Database:
         except psycopg.Error as error:
             raise engine_error(error) from error
         try:
-            yield conn
+            with self.watchdog.guard(conn):
+                yield conn
         except psycopg.Error as error:
-            raise engine_error(error) from error
+            raise engine_error(error, query_timeout_s=self.query_timeout_s) from error
         finally:
-            # The pool rolls back a transaction left open and replaces a
-            # broken connection.
+            # The pool replaces a broken or closed connection (the guard
+            # closes one it broke). Every engine block ends its transactions
+            # itself, so nothing is left for the pool to roll back.
             self._pool.putconn(conn)
 
     def _getconn(self) -> Conn:
@@ -252,39 +433,41 @@ class Database:
                     self._open_in_child = False
         # An idle autocommit connection has nothing to read: data waiting on
         # its socket is the server's goodbye (restart, pg_terminate_backend,
-        # idle timeout). Such connections are dropped here, at the cost of a
-        # zero-timeout poll, instead of failing the operation that would
-        # take them.
+        # idle timeout, or an error the kernel's keepalives found). Such
+        # connections are dropped here, at the cost of a zero-timeout poll,
+        # instead of failing the operation that would take them; so are the
+        # connections made before a call on another one went unanswered.
         for _ in range(self._max_size):
             conn = self._pool.getconn()
-            if _idle_and_alive(conn):
+            if self._connections.get(conn, math.inf) > self._suspect_before and _idle_and_alive(
+                conn
+            ):
                 return conn
             conn.close()
             self._pool.putconn(conn)
         return self._pool.getconn()
 
     def connect(self, **kwargs: Any) -> Conn:
-        """Open a direct autocommit connection (not from the pool).
+        """Open a direct autocommit connection (not from the pool), with the
+        pool's parameters; guard its calls with :meth:`guard`.
 
         Raises
         ------
         EngineError
-            If the connection fails.
+            If the connection fails (or takes longer than its
+            ``connect_timeout``).
         """
-        params: dict[str, Any] = {
-            "autocommit": True,
-            "options": _session_options(self.conninfo),
-            **kwargs,
-        }
-        if "connect_timeout" not in psycopg.conninfo.conninfo_to_dict(self.conninfo):
-            params.setdefault("connect_timeout", max(1, round(self.timeout_s)))
         with wrap_errors():
-            return psycopg.Connection.connect(self.conninfo, **params)
+            return psycopg.Connection.connect(self.conninfo, **{**self._params, **kwargs})
 
     def close(self) -> None:
-        """Close the pool; connections in use close when given back."""
+        """Close the pool; connections in use close when given back (their
+        calls stay bounded)."""
         self._closed = True
-        self._pool.close()
+        try:
+            self._pool.close()
+        finally:
+            self.watchdog.close()
 
     def _after_fork_in_child(self) -> None:
         # The pool's connections share their sessions with the parent: using
@@ -295,7 +478,8 @@ class Database:
         for conn in list(self._connections):
             drop_inherited(conn)
         _inherited.append(self._pool)
-        self._connections = weakref.WeakSet()
+        self._connections = weakref.WeakKeyDictionary()
+        self.watchdog._after_fork_in_child()
         self._pool = self._new_pool()
         self._fork_lock = threading.Lock()
         self._open_in_child = self._opened and not self._closed

@@ -21,7 +21,9 @@ with ``pool_max_size=1`` a held pool connection would starve them. The
 connection is opened only when the turn looks due (one pooled read of the
 task's row first), so a process asks for it about once per interval.
 Leaving the block unlocks and closes it, on an exception too; if the
-connection dies meanwhile the server drops the lock with it.
+connection dies meanwhile the server drops the lock with it. Each call on
+it is bounded by ``query_timeout_s`` (not the turn, which runs through the
+pool, each of its operations bounded in turn).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import psycopg
 from psycopg import sql
 
 from alkstore.engine import duration
+from alkstore.errors import EngineError
 from alkstore_postgres._connection import wrap_errors
 
 if TYPE_CHECKING:
@@ -89,7 +92,7 @@ def maintenance_turn(store: PostgresStore, task: str, interval_s: float) -> Iter
     key = advisory_key(store.schema, task)
     conn = store._db.connect(application_name="alkstore-maintenance")
     try:
-        with wrap_errors():
+        with wrap_errors(), store._db.guard(conn):
             locked = conn.execute("SELECT pg_try_advisory_lock(%s)", [key]).fetchone()
             taken = False
             if locked is not None and locked[0]:
@@ -109,7 +112,7 @@ def maintenance_turn(store: PostgresStore, task: str, interval_s: float) -> Iter
         finally:
             # On a broken connection the lock went with the session; keep
             # the block's own error.
-            with contextlib.suppress(psycopg.Error):
+            with contextlib.suppress(psycopg.Error, EngineError), store._db.guard(conn):
                 conn.execute("SELECT pg_advisory_unlock(%s)", [key])
     finally:
         conn.close()

@@ -42,6 +42,7 @@ __all__ = [
     "DEFAULT_POOL_MAX_SIZE",
     "DEFAULT_POOL_MIN_SIZE",
     "DEFAULT_POOL_TIMEOUT_S",
+    "DEFAULT_QUERY_TIMEOUT_S",
     "DEFAULT_REPOLL_INTERVAL_S",
     "ENGINE_OPTIONS",
     "PostgresStore",
@@ -54,12 +55,24 @@ DEFAULT_POOL_MIN_SIZE = 1
 DEFAULT_POOL_MAX_SIZE = 10
 #: Seconds an operation waits for a pooled connection.
 DEFAULT_POOL_TIMEOUT_S = 30.0
+#: Seconds any one call to the server may wait for its answer. Under the
+#: default visibility timeout (30 s, a heartbeat every 10 s), a heartbeat
+#: stuck on a dead connection fails and is retried on a new one before the
+#: claims it keeps lapse.
+DEFAULT_QUERY_TIMEOUT_S = 15.0
 #: Seconds between a consumer's safety-net re-polls; also the LISTEN
 #: connection's idle time before it is checked with a ping.
 DEFAULT_REPOLL_INTERVAL_S = 30.0
 #: The engine options of this engine, besides SPEC §2's common ones.
 ENGINE_OPTIONS = frozenset(
-    {"schema", "pool_min_size", "pool_max_size", "pool_timeout_s", "repoll_interval_s"}
+    {
+        "schema",
+        "pool_min_size",
+        "pool_max_size",
+        "pool_timeout_s",
+        "query_timeout_s",
+        "repoll_interval_s",
+    }
 )
 
 
@@ -102,13 +115,29 @@ class PostgresStore(Store):
         The connection pool's bounds (default 1 and 10 connections).
     pool_timeout_s
         Seconds an operation waits for a pooled connection before it fails
-        with :class:`~alkstore.errors.EngineError` (default 30); also the
-        connect timeout unless the URL sets ``connect_timeout``.
+        with :class:`~alkstore.errors.EngineError` (default 30).
+    query_timeout_s
+        Seconds any one call of the engine may wait for the server's answer
+        (default 15): an operation's statements, a migration, a maintenance
+        turn's lock, the LISTEN connection's statements and pings, a
+        connect (libpq's ``connect_timeout`` unless the URL or
+        ``PGCONNECT_TIMEOUT`` sets one). A call past it fails with a
+        non-permanent ``EngineError`` naming it, and its connection is
+        dropped (every connection of the store made before is replaced when
+        next used), so a retry runs on a new connection. The server's
+        ``statement_timeout`` is set to 90% of it (unless the URL's
+        ``options`` or ``PGOPTIONS`` set one), and TCP keepalives and
+        ``tcp_user_timeout`` to about it (unless the URL sets them); see the
+        package README. Not applied to the caller's connection of
+        ``enqueue_tx``.
     repoll_interval_s
         Seconds between the safety-net re-polls of a consumer that waits on
         a subscription (default 30; read by the worker runtime from
         :attr:`repoll_interval_s`). The LISTEN connection is also pinged
-        after this long without traffic, to find a silently dead one.
+        after this long without traffic, to find a silently dead one: a
+        dead LISTEN connection is found within ``repoll_interval_s +
+        query_timeout_s``, sooner when another call of the store found its
+        connection dead.
 
     Raises
     ------
@@ -118,7 +147,8 @@ class PostgresStore(Store):
         If the schema is newer than this code, or missing with
         ``migrate=False`` (SPEC §3 "Schema").
     EngineError
-        If the database cannot be reached.
+        If the database cannot be reached, or does not answer within
+        ``query_timeout_s``.
     """
 
     def __init__(
@@ -132,6 +162,7 @@ class PostgresStore(Store):
         pool_min_size: object = DEFAULT_POOL_MIN_SIZE,
         pool_max_size: object = DEFAULT_POOL_MAX_SIZE,
         pool_timeout_s: object = DEFAULT_POOL_TIMEOUT_S,
+        query_timeout_s: object = DEFAULT_QUERY_TIMEOUT_S,
         repoll_interval_s: object = DEFAULT_REPOLL_INTERVAL_S,
     ) -> None:
         super().__init__(clock=clock, rng=rng)
@@ -143,6 +174,7 @@ class PostgresStore(Store):
                 f"pool_max_size ({max_size}) must not be below pool_min_size ({min_size})"
             )
         timeout_s = duration_s(pool_timeout_s, "pool_timeout_s", positive=True)
+        self._query_timeout_s = duration_s(query_timeout_s, "query_timeout_s", positive=True)
         self._repoll_interval_s = duration_s(repoll_interval_s, "repoll_interval_s", positive=True)
         self._url = redact_url(conninfo)
         self._statements: dict[int, bytes] = {}
@@ -151,20 +183,23 @@ class PostgresStore(Store):
             min_size=min_size,
             max_size=max_size,
             timeout_s=timeout_s,
+            query_timeout_s=self._query_timeout_s,
             name=f"alkstore-{self._schema}",
         )
         self._server_clock = ServerClock(self._sample_clock)
         self._listener = Listener(
             self._connect_listener,
+            watchdog=self._db.watchdog,
             ping_interval_s=self._repoll_interval_s,
             name=f"alkstore-listener-{self._schema}",
         )
+        self._db.on_dead_connection.append(self._listener.check_soon)
         try:
             # A direct connection first: an unreachable server fails here at
             # once rather than after the pool's timeout.
             conn = self._db.connect()
             try:
-                with wrap_errors():
+                with wrap_errors(), self._db.guard(conn):
                     if migrate:
                         _schema.migrate(conn, self._schema, self._injected_now())
                     else:
@@ -191,6 +226,11 @@ class PostgresStore(Store):
     def schema(self) -> str:
         """The PostgreSQL schema holding this store's tables."""
         return self._schema
+
+    @property
+    def query_timeout_s(self) -> float:
+        """Seconds any one call of the engine may wait for the server."""
+        return self._query_timeout_s
 
     @property
     def repoll_interval_s(self) -> float:
@@ -306,7 +346,8 @@ def open_store(url: str, **engine_options: Any) -> PostgresStore:
     **engine_options
         ``clock``, ``rng``, ``migrate`` (SPEC §2), and ``schema``,
         ``pool_min_size``, ``pool_max_size``, ``pool_timeout_s``,
-        ``repoll_interval_s`` (see :class:`PostgresStore`).
+        ``query_timeout_s``, ``repoll_interval_s`` (see
+        :class:`PostgresStore`).
 
     Returns
     -------
@@ -320,7 +361,8 @@ def open_store(url: str, **engine_options: Any) -> PostgresStore:
     SchemaVersionError
         See :class:`PostgresStore`.
     EngineError
-        If the database cannot be reached.
+        If the database cannot be reached, or does not answer within
+        ``query_timeout_s``.
     """
     check_engine_options(engine_options, ENGINE_OPTIONS)
     conninfo = parse_url(url)

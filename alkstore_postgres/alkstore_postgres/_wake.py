@@ -11,6 +11,12 @@ When the connection dies (server restart, ``pg_terminate_backend``, network
 loss found by an idle-time ping) the thread reconnects by itself, LISTENs
 on every channel again and then sets every latch once: wakes sent while it
 was down are lost, and a spurious wake is harmless, a missing one is not.
+Every statement on the connection, the ping included, runs under the
+store's watchdog, so a connection that stopped answering (a proxy that
+stopped forwarding looks no different) is given up after
+``query_timeout_s``; the ping comes after ``ping_interval_s`` of silence,
+or at once when another call of the store found its connection dead
+(:meth:`Listener.check_soon`).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import socket
 import threading
 import weakref
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, Generic, TypeVar
 
 import psycopg
@@ -31,7 +38,8 @@ from psycopg import sql
 
 from alkstore.engine import WakeLatch
 from alkstore.errors import AlkstoreError, EngineError, StoreClosedError
-from alkstore_postgres._connection import Conn, drop_inherited
+from alkstore_postgres._connection import Conn, drop_inherited, engine_error
+from alkstore_postgres._watchdog import Watchdog
 
 __all__ = ["MAX_CHANNEL_BYTES", "Listener", "channel_name"]
 
@@ -86,15 +94,25 @@ class Listener:
     ----------
     connect
         Opens a new autocommit connection (raises ``EngineError``).
+    watchdog
+        Bounds every statement on the connection.
     ping_interval_s
         Seconds of silence after which the thread checks the connection
-        with a ``SELECT 1``, to find a connection that died silently.
+        with a ping, to find a connection that died silently.
     name
         The thread's name.
     """
 
-    def __init__(self, connect: Callable[[], Conn], *, ping_interval_s: float, name: str) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], Conn],
+        *,
+        watchdog: Watchdog,
+        ping_interval_s: float,
+        name: str,
+    ) -> None:
         self._connect = connect
+        self._watchdog = watchdog
         self._ping_interval_s = ping_interval_s
         self._name = name
         self._cond = threading.Condition()
@@ -105,6 +123,8 @@ class Listener:
         self._wanted = 0
         self._synced = 0
         self._calls: list[_Result[Any]] = []
+        # Ping at the next turn, without waiting for the interval.
+        self._check = False
         self._stopped = False
         self._start_lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -176,9 +196,17 @@ class Listener:
         self._poke()
         return result.wait(timeout_s)
 
+    def check_soon(self) -> None:
+        """Ping the connection now rather than after the idle interval (a
+        call on another connection of the store got no answer)."""
+        with self._cond:
+            self._check = True
+        self._poke()
+
     def stop(self) -> None:
         """Stop the thread, close the connection and set every latch so that
-        no waiter stays blocked. Idempotent."""
+        no waiter stays blocked; a statement waiting for the server is
+        broken off. Idempotent."""
         with self._cond:
             if self._stopped:
                 return
@@ -192,6 +220,9 @@ class Listener:
             thread = self._thread
         if thread is not None:
             self._poke()
+            conn = self._conn
+            if conn is not None:
+                self._watchdog.interrupt(conn)
             thread.join(_STOP_TIMEOUT_S)
             if not thread.is_alive() and self._poke_w is not None:
                 self._poke_w.close()
@@ -215,6 +246,7 @@ class Listener:
         self._latches = {}
         self._wanted = self._synced = 0
         self._calls = []
+        self._check = False
         self._thread = None
         self._poke_r = self._poke_w = None
 
@@ -281,6 +313,7 @@ class Listener:
                     wanted = set(self._latches)
                     generation = self._wanted
                     calls, self._calls = self._calls, []
+                    check, self._check = self._check, False
                 if conn is None:
                     conn = self._conn = self._reconnect()
                     if conn is None:
@@ -289,39 +322,44 @@ class Listener:
                         return
                     listening = set()
                     lost = True
+                    check = False
+                guard = self._watchdog.guard
                 try:
-                    for channel in sorted(wanted - listening):
-                        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-                        listening.add(channel)
-                    for channel in sorted(listening - wanted):
-                        conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(channel)))
-                        listening.discard(channel)
+                    with guard(conn):
+                        for channel in sorted(wanted - listening):
+                            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                            listening.add(channel)
+                        for channel in sorted(listening - wanted):
+                            conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(channel)))
+                            listening.discard(channel)
                     with self._cond:
                         self._synced = max(self._synced, generation)
                         self._cond.notify_all()
                     if lost:
                         self._set_all()
                         lost = False
-                    for result in calls:
-                        result.run(conn)
-                    self._dispatch(conn)
+                    while calls:
+                        call_guard = guard(conn)
+                        calls.pop(0).run(conn, call_guard)
+                        if call_guard.expired:
+                            raise self._watchdog.timeout_error()
+                    with guard(conn):
+                        self._dispatch(conn)
+                        if check:
+                            self._ping(conn, listening)
                     fd = conn.fileno()
                     poke = self._poke_r.fileno()
                     ready, _, _ = select.select([fd, poke], [], [], self._ping_interval_s)
                     if poke in ready:
                         self._drain_pokes()
                     if fd in ready:
-                        self._dispatch(conn)
+                        with guard(conn):
+                            self._dispatch(conn)
                     elif not ready:
                         # An idle-time ping finds a silently dead connection.
-                        # Repeating a LISTEN is a no-op that keeps the
-                        # backend findable by its LISTEN in pg_stat_activity.
-                        if listening:
-                            channel = min(listening)
-                            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-                        else:
-                            conn.execute("SELECT 1")
-                except (psycopg.Error, OSError, ValueError) as error:
+                        with guard(conn):
+                            self._ping(conn, listening)
+                except (psycopg.Error, AlkstoreError, OSError, ValueError) as error:
                     for result in calls:
                         result.fail(EngineError(f"the LISTEN connection failed: {error}"))
                     log.warning("the LISTEN connection failed (%s); reconnecting", error)
@@ -333,6 +371,16 @@ class Listener:
             if conn is not None:
                 _close_quietly(conn)
             self._poke_r.close()
+
+    @staticmethod
+    def _ping(conn: Conn, listening: set[str]) -> None:
+        # Repeating a LISTEN is a no-op that keeps the backend findable by
+        # its LISTEN in pg_stat_activity.
+        if listening:
+            channel = min(listening)
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        else:
+            conn.execute("SELECT 1")
 
     def _reconnect(self) -> Conn | None:
         assert self._poke_r is not None
@@ -379,14 +427,15 @@ class _Result(Generic[T]):
         self._value: T | None = None
         self._error: BaseException | None = None
 
-    def run(self, conn: Conn) -> None:
+    def run(self, conn: Conn, guard: AbstractContextManager[None]) -> None:
         try:
-            self._value = self._fn(conn)
+            with guard:
+                self._value = self._fn(conn)
         except psycopg.Error as error:
-            wrapped = EngineError(f"PostgreSQL error on the LISTEN connection: {error}")
+            wrapped = engine_error(error)
             wrapped.__cause__ = error
             self._error = wrapped
-        except Exception as error:
+        except Exception as error:  # the guard's EngineError too
             self._error = error
         finally:
             self._done.set()

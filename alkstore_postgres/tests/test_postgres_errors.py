@@ -54,8 +54,46 @@ def test_driver_errors_are_wrapped(
         with pytest.raises(EngineError) as caught:
             operation()
         assert isinstance(caught.value.__cause__, psycopg.errors.UndefinedTable)
+        assert caught.value.permanent  # no retry brings the tables back
     operations[-1]()
     assert q.stats() == (0, 0, 0, 0)
+
+
+def test_a_missing_privilege_is_permanent(
+    postgres_url: str, schema: str, store: PostgresStore, admin: psycopg.Connection[Any]
+) -> None:
+    role = fresh_schema_name()
+    admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        # Enough to open the store, not to write a job.
+        admin.execute(
+            sql.SQL("GRANT USAGE ON SCHEMA {s} TO {r}; GRANT SELECT ON {s}.meta TO {r}").format(
+                s=sql.Identifier(schema), r=sql.Identifier(role)
+            )
+        )
+        parts = urlsplit(postgres_url)
+        url = parts._replace(netloc=f"{role}@{parts.netloc.rpartition('@')[2]}").geturl()
+        with (
+            alkstore.open(url, schema=schema, migrate=False) as limited,
+            pytest.raises(EngineError) as caught,
+        ):
+            limited.queue("jobs").enqueue(1)
+        assert isinstance(caught.value.__cause__, psycopg.errors.InsufficientPrivilege)
+        assert caught.value.permanent
+    finally:
+        admin.execute(sql.SQL("DROP OWNED BY {r}; DROP ROLE {r}").format(r=sql.Identifier(role)))
+
+
+def test_a_read_only_transaction_is_not_permanent(
+    postgres_url: str, store: PostgresStore, open_pg: Callable[..., PostgresStore]
+) -> None:
+    """A failover passes through read-only: the worker should retry."""
+    sep = "&" if urlsplit(postgres_url).query else "?"
+    read_only = open_pg(f"{postgres_url}{sep}options=-c%20default_transaction_read_only%3Don")
+    with pytest.raises(EngineError) as caught:
+        read_only.queue("jobs").enqueue(1)
+    assert isinstance(caught.value.__cause__, psycopg.errors.ReadOnlySqlTransaction)
+    assert not caught.value.permanent
 
 
 def test_an_unreachable_server_fails_at_open() -> None:

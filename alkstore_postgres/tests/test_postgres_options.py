@@ -5,14 +5,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from importlib.metadata import entry_points
+from typing import Any
 from urllib.parse import quote, urlsplit
 
+import psycopg
 import pytest
 from postgres_helpers import in_threads
 
 import alkstore
 from alkstore.errors import ValidationError
-from alkstore_postgres import PostgresStore, open_store
+from alkstore_postgres import DEFAULT_QUERY_TIMEOUT_S, PostgresStore, open_store
 from alkstore_postgres._url import parse_url
 
 pytestmark = pytest.mark.postgres
@@ -73,6 +75,10 @@ def test_passwords_never_reach_the_error(url: str) -> None:
         ({"pool_min_size": 5, "pool_max_size": 2}, "pool_max_size"),
         ({"pool_max_size": True}, "pool_max_size"),
         ({"pool_timeout_s": 0}, "pool_timeout_s"),
+        ({"query_timeout_s": 0}, "query_timeout_s"),
+        ({"query_timeout_s": -1}, "query_timeout_s"),
+        ({"query_timeout_s": float("inf")}, "query_timeout_s"),
+        ({"query_timeout_s": "15"}, "query_timeout_s"),
         ({"repoll_interval_s": -1}, "repoll_interval_s"),
         ({"migrate": "yes"}, "migrate"),
         ({"clock": 3}, "clock"),
@@ -141,7 +147,78 @@ def test_claims_race_under_a_url_asking_for_repeatable_read(
 
 
 def test_options_are_applied(open_pg: Callable[..., PostgresStore]) -> None:
-    store = open_pg(pool_min_size=0, pool_max_size=3, pool_timeout_s=5, repoll_interval_s=2.5)
+    store = open_pg(
+        pool_min_size=0, pool_max_size=3, pool_timeout_s=5, query_timeout_s=4, repoll_interval_s=2.5
+    )
     assert store.repoll_interval_s == 2.5
+    assert store.query_timeout_s == 4
+    assert open_pg().query_timeout_s == DEFAULT_QUERY_TIMEOUT_S == 15
+    # Up to the 100 years of every duration: each setting at its largest.
+    q = open_pg(query_timeout_s=100 * 365 * 86400).queue("jobs")
+    assert q.get_job(q.enqueue(1)) is not None
     q = store.queue("jobs")
     assert q.get_job(q.enqueue(1)) is not None
+
+
+_LIBPQ_BOUNDS = (
+    "connect_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "tcp_user_timeout",
+)
+
+
+def _bounds(conn: psycopg.Connection[Any]) -> dict[str, str | None]:
+    params = conn.info.get_parameters()
+    found: dict[str, str | None] = {name: params.get(name) for name in _LIBPQ_BOUNDS}
+    row = conn.execute("SHOW statement_timeout").fetchone()
+    found["statement_timeout"] = None if row is None else row[0]
+    return found
+
+
+def test_every_connection_is_bounded_by_query_timeout_s(
+    postgres_url: str, open_pg: Callable[..., PostgresStore]
+) -> None:
+    """Keepalives find a dead peer in about query_timeout_s (12 s here: a
+    probe after 4 s idle, then every 2 s, 3 probes); unacknowledged data
+    fails after it; the server ends a statement at 90% of it."""
+    store = open_pg(query_timeout_s=12)
+    expected = {
+        "connect_timeout": "12",
+        "keepalives": "1",
+        "keepalives_idle": "4",
+        "keepalives_interval": "2",
+        "keepalives_count": "3",
+        "tcp_user_timeout": "12000",
+        "statement_timeout": "10800ms",
+    }
+    with store._db.connection() as pooled:
+        assert _bounds(pooled) == expected
+    with store._db.connect() as direct:  # migrations, maintenance turns
+        assert _bounds(direct) == expected
+    store.listen("jobs")
+    assert store._listener.call(_bounds) == expected
+
+
+def test_the_urls_own_bounds_win(
+    postgres_url: str, open_pg: Callable[..., PostgresStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sep = "&" if urlsplit(postgres_url).query else "?"
+    asks = quote("-c statement_timeout=5s")
+    url = (
+        f"{postgres_url}{sep}keepalives_idle=7&keepalives_count=9&tcp_user_timeout=1234"
+        f"&options={asks}"
+    )
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "17")
+    with open_pg(url, query_timeout_s=12)._db.connection() as conn:
+        assert _bounds(conn) == {
+            "connect_timeout": "17",
+            "keepalives": "1",
+            "keepalives_idle": "7",
+            "keepalives_interval": "2",
+            "keepalives_count": "9",
+            "tcp_user_timeout": "1234",
+            "statement_timeout": "5s",
+        }
