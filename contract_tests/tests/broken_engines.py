@@ -146,6 +146,10 @@ def _fetchall(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> lis
     return rows
 
 
+def _fetchone(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> Any:
+    return conn.execute(sql, params).fetchone()
+
+
 class RacyClaimQueue(SqliteQueue):
     """Reads the due ids in one statement and takes them in others, without
     re-checking that they are still pending: concurrent claims double up."""
@@ -271,6 +275,70 @@ class AlwaysMyTurnStore(SqliteStore):
         yield True
 
 
+# -- (i) claim order loses its id tie-break between paths to "due" -----------
+
+_PAUSED_NOW = "SELECT EXISTS (SELECT 1 FROM _alkstore_queues WHERE name = :queue AND paused = 1)"
+_NOT_EXPIRED = "(expires_at IS NULL OR expires_at > :now)"
+#: The claim's three paths to a claimable row, each walked in claim order.
+_PATHS = (
+    f"state = 'pending' AND run_at <= :now AND {_NOT_EXPIRED}",
+    f"state = 'scheduled' AND run_at <= :now AND {_NOT_EXPIRED}",
+    f"state IN ('processing', 'lapsed') AND claim_deadline <= :now "
+    f"AND attempts < max_attempts AND {_NOT_EXPIRED}",
+)
+_ANY_TO_CLAIM = " OR ".join(
+    f"EXISTS (SELECT 1 FROM _alkstore_jobs WHERE {where})"
+    for where in (_EXHAUSTED, *(f"queue = :queue AND {path}" for path in _PATHS))
+)
+# The deadline's microseconds rounded half to even, as the engine's are.
+_TAKE_ONE = f"""
+    UPDATE _alkstore_jobs
+    SET state = 'processing', attempts = attempts + 1, worker_id = :worker,
+        claim_deadline = :now + max(1, CAST(round(visibility_timeout_s * 1e6) AS INTEGER)
+            - (visibility_timeout_s * 1e6 - CAST(visibility_timeout_s * 1e6 AS INTEGER) = 0.5
+               AND CAST(visibility_timeout_s * 1e6 AS INTEGER) % 2 = 0))
+    WHERE id = :id
+    RETURNING {LIVE_COLUMNS}
+"""
+
+
+def _claim_by_paths(conn: sqlite3.Connection, params: dict[str, Any]) -> list[Any]:
+    if conn.execute(_PAUSED_NOW, params).fetchone()[0]:
+        return []
+    conn.execute(bury_sql(_EXHAUSTED), params)
+    conn.execute(f"DELETE FROM _alkstore_jobs WHERE {_EXHAUSTED}", params)
+    candidates = [
+        row
+        for where in _PATHS
+        for row in conn.execute(
+            f"SELECT id, priority, run_at FROM _alkstore_jobs WHERE queue = :queue AND {where} "
+            "ORDER BY priority DESC, run_at, id LIMIT :n",
+            params,
+        )
+    ]
+    # A stable merge by (priority, run_at) alone: a tie between paths goes
+    # to the path listed first, whatever the ids.
+    candidates.sort(key=lambda row: (-row[1], row[2]))
+    picked = candidates[: params["n"]]
+    return [conn.execute(_TAKE_ONE, {**params, "id": row[0]}).fetchone() for row in picked]
+
+
+class TiesByPathQueue(SqliteQueue):
+    """Merges the claim's paths (due, came due, lapsed) by priority and
+    ``run_at`` only, and hands out in that order: among equals, due jobs
+    come before jobs that just came due, and both before reclaims."""
+
+    def _claim(self, worker_id: str, n: int) -> list[JobHandle]:
+        params = _claim_params(self, worker_id, min(n, 2**63 - 1))
+        pool = self._store._pool
+        # Looked for first, so that a claim with nothing to do takes no
+        # write lock (as the engine's own claim looks before it locks).
+        if not pool.run(_fetchone, f"SELECT {_ANY_TO_CLAIM}", params)[0]:
+            return []
+        rows = pool.transaction(_claim_by_paths, params)
+        return [SqliteJobHandle(self, job_from_row(row)) for row in rows]
+
+
 # -- registration --------------------------------------------------------------
 
 QUEUE_CLASSES: dict[str, type[SqliteQueue]] = {
@@ -280,6 +348,7 @@ QUEUE_CLASSES: dict[str, type[SqliteQueue]] = {
     "broken-dead": LeakyDeadLetterQueue,
     "broken-requeue": RequeueResetsAttemptsQueue,
     "broken-pause": PausedClaimBuriesQueue,
+    "broken-ties": TiesByPathQueue,
 }
 STORE_CLASSES: dict[str, type[SqliteStore]] = {
     "broken-fire": UnguardedFireStore,
@@ -366,3 +435,7 @@ class UnguardedFireHarness(_BrokenHarness):
 
 class AlwaysMyTurnHarness(_BrokenHarness):
     scheme = "broken-turn"
+
+
+class TiesByPathHarness(_BrokenHarness):
+    scheme = "broken-ties"

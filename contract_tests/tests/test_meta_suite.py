@@ -104,6 +104,7 @@ FIRE = (
     "or ticking_together or fire_each_boundary or two_schedulers"
 )
 TURN = "once_per_interval or take_turns or turn_in_progress or run_once_sweeps_every_queue"
+TIES = "came_due_ties or reclaims_tie or claim_one_order or claim_batch_order or case_009"
 
 
 def test_wrong_claim_order_fails(run_suite: RunSuite) -> None:
@@ -220,8 +221,21 @@ def test_maintenance_turn_for_everyone_fails(run_suite: RunSuite) -> None:
     }
 
 
+def test_ties_between_paths_to_due_going_by_path_fail(run_suite: RunSuite) -> None:
+    """The broken claim puts due jobs before jobs that just came due, and
+    both before reclaims: the ties where the later path has the lower id
+    catch it; the older order tests, whose ties share a path, do not."""
+    result = run_suite("broken_engines", "TiesByPathHarness", "-k", TIES)
+    assert failed_tests(result) == {
+        "test_a_job_that_came_due_ties_with_a_pending_job_by_id[came-due-one]",
+        "test_a_job_that_came_due_ties_with_a_pending_job_by_id[came-due-batch]",
+        "test_reclaims_tie_with_a_pending_job_by_id[reclaims-first-one]",
+        "test_reclaims_tie_with_a_pending_job_by_id[reclaims-first-batch]",
+    }
+
+
 def test_the_sqlite_engine_passes_the_same_selection(run_suite: RunSuite) -> None:
-    keys = (ORDER, STALE, RACE, DEAD, MODEL, REQUEUE, PAUSE, FIRE, TURN)
+    keys = (ORDER, STALE, RACE, DEAD, MODEL, REQUEUE, PAUSE, FIRE, TURN, TIES)
     selection = " or ".join(f"({k})" for k in keys)
     result = run_suite("broken_engines", "SqliteHarness", "-k", selection)
     assert failed_tests(result) == set()
