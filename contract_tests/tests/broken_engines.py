@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import pytest
 
 import alkstore
-from alkstore import AlkstoreError, JobHandle, QueueOpts, Schedule
+from alkstore import AlkstoreError, JobHandle, QueueOpts, QueueStats, Schedule
 from alkstore.engine import MAX_ATTEMPTS_EXCEEDED, EncodedPayload, Resolved, check_engine_options
 from alkstore_contract_tests import StoreTarget
 from alkstore_sqlite import ENGINE_OPTIONS, SqliteJobHandle, SqliteQueue, SqliteStore, parse_url
@@ -339,6 +339,32 @@ class TiesByPathQueue(SqliteQueue):
         return [SqliteJobHandle(self, job_from_row(row)) for row in rows]
 
 
+# -- (j) stats leaves out lapsed claims a claim has set aside ----------------
+
+#: Counts each row by its claim fields and instants, as the engine does,
+#: but processing by the private state 'processing' (and an expired row's
+#: claim), which leaves out the lapsed claims a claim set aside for reclaim.
+_STATS_WITHOUT_LAPSED = """
+    SELECT
+        (SELECT count(*) FROM _alkstore_jobs
+         WHERE queue = :queue AND claim_deadline IS NULL AND run_at <= :now),
+        (SELECT count(*) FROM _alkstore_jobs
+         WHERE queue = :queue AND claim_deadline IS NULL AND run_at > :now),
+        (SELECT count(*) FROM _alkstore_jobs
+         WHERE queue = :queue AND state IN ('processing', 'expired')
+           AND claim_deadline IS NOT NULL),
+        (SELECT count(*) FROM _alkstore_dead WHERE queue = :queue)
+"""
+
+
+class LapsedUncountedQueue(SqliteQueue):
+    """``stats().processing`` leaves out lapsed claims not yet reclaimed."""
+
+    def _stats(self) -> QueueStats:
+        params = {"queue": self.name, "now": to_us(self._store._now())}
+        return QueueStats(*self._store._pool.run(_fetchone, _STATS_WITHOUT_LAPSED, params))
+
+
 # -- registration --------------------------------------------------------------
 
 QUEUE_CLASSES: dict[str, type[SqliteQueue]] = {
@@ -349,6 +375,7 @@ QUEUE_CLASSES: dict[str, type[SqliteQueue]] = {
     "broken-requeue": RequeueResetsAttemptsQueue,
     "broken-pause": PausedClaimBuriesQueue,
     "broken-ties": TiesByPathQueue,
+    "broken-stats": LapsedUncountedQueue,
 }
 STORE_CLASSES: dict[str, type[SqliteStore]] = {
     "broken-fire": UnguardedFireStore,
@@ -439,3 +466,7 @@ class AlwaysMyTurnHarness(_BrokenHarness):
 
 class TiesByPathHarness(_BrokenHarness):
     scheme = "broken-ties"
+
+
+class LapsedUncountedHarness(_BrokenHarness):
+    scheme = "broken-stats"

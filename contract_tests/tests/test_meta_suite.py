@@ -105,6 +105,10 @@ FIRE = (
 )
 TURN = "once_per_interval or take_turns or turn_in_progress or run_once_sweeps_every_queue"
 TIES = "came_due_ties or reclaims_tie or claim_one_order or claim_batch_order or case_009"
+STATS = (
+    "lapsed_claims_count or spent_lapsed_claim or expired_unswept or due_exactly_at_run_at"
+    " or test_each_field"
+)
 
 
 def test_wrong_claim_order_fails(run_suite: RunSuite) -> None:
@@ -234,8 +238,17 @@ def test_ties_between_paths_to_due_going_by_path_fail(run_suite: RunSuite) -> No
     }
 
 
+def test_stats_leaving_out_lapsed_claims_fails(run_suite: RunSuite) -> None:
+    result = run_suite("broken_engines", "LapsedUncountedHarness", "-k", STATS)
+    assert failed_tests(result) == {
+        "test_lapsed_claims_count_as_processing_before_and_after_a_reclaim",
+        "test_a_spent_lapsed_claim_counts_as_processing_until_a_claim_dead_letters_it",
+        "test_expired_unswept_rows_keep_their_public_state",
+    }
+
+
 def test_the_sqlite_engine_passes_the_same_selection(run_suite: RunSuite) -> None:
-    keys = (ORDER, STALE, RACE, DEAD, MODEL, REQUEUE, PAUSE, FIRE, TURN, TIES)
+    keys = (ORDER, STALE, RACE, DEAD, MODEL, REQUEUE, PAUSE, FIRE, TURN, TIES, STATS)
     selection = " or ".join(f"({k})" for k in keys)
     result = run_suite("broken_engines", "SqliteHarness", "-k", selection)
     assert failed_tests(result) == set()
