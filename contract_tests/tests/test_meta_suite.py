@@ -109,6 +109,7 @@ STATS = (
     "lapsed_claims_count or spent_lapsed_claim or expired_unswept or due_exactly_at_run_at"
     " or test_each_field"
 )
+MOVES = "moving_job_twice or ack_racing_a_move"
 
 
 def test_wrong_claim_order_fails(run_suite: RunSuite) -> None:
@@ -247,8 +248,22 @@ def test_stats_leaving_out_lapsed_claims_fails(run_suite: RunSuite) -> None:
     }
 
 
+def test_moves_in_two_steps_fail(run_suite: RunSuite) -> None:
+    """Each move leaves its job in both tables for 10 ms: the reader, which
+    reads every fraction of a millisecond and keeps pace with the moves,
+    sees the gap of every move; the ack that waits for the job to be
+    counted dead lands in it."""
+    result = run_suite("broken_engines", "TwoStepMoveHarness", "-k", MOVES)
+    moves = ("fail", "retry-at-budget", "claim-dead-letters", "sweep-expired", "requeue")
+    assert failed_tests(result) == {
+        *(f"test_a_reader_never_sees_a_moving_job_twice_or_not_at_all[{m}]" for m in moves),
+        "test_an_ack_racing_a_move_to_the_dead_table_takes_effect_once[fail]",
+        "test_an_ack_racing_a_move_to_the_dead_table_takes_effect_once[retry-at-budget]",
+    }
+
+
 def test_the_sqlite_engine_passes_the_same_selection(run_suite: RunSuite) -> None:
-    keys = (ORDER, STALE, RACE, DEAD, MODEL, REQUEUE, PAUSE, FIRE, TURN, TIES, STATS)
+    keys = (ORDER, STALE, RACE, DEAD, MODEL, REQUEUE, PAUSE, FIRE, TURN, TIES, STATS, MOVES)
     selection = " or ".join(f"({k})" for k in keys)
     result = run_suite("broken_engines", "SqliteHarness", "-k", selection)
     assert failed_tests(result) == set()
