@@ -239,6 +239,17 @@ def test_ties_between_paths_to_due_going_by_path_fail(run_suite: RunSuite) -> No
     }
 
 
+def test_ties_between_paths_to_due_going_by_path_fail_the_model_comparison(
+    run_suite: RunSuite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The machine's enqueues that take a waiting row's ``run_at`` make the
+    ties; 200 examples caught the fault in 7 runs of 8 (1 in 4 without
+    those enqueues), so this run asks for as many as the stale handle's."""
+    monkeypatch.setenv("ALKSTORE_STATEFUL_EXAMPLES", "1500")
+    result = run_suite("broken_engines", "TiesByPathHarness", "-k", MODEL)
+    assert failed_tests(result) == {"test_engine_agrees_with_the_model"}
+
+
 def test_stats_leaving_out_lapsed_claims_fails(run_suite: RunSuite) -> None:
     result = run_suite("broken_engines", "LapsedUncountedHarness", "-k", STATS)
     assert failed_tests(result) == {
@@ -246,6 +257,17 @@ def test_stats_leaving_out_lapsed_claims_fails(run_suite: RunSuite) -> None:
         "test_a_spent_lapsed_claim_counts_as_processing_until_a_claim_dead_letters_it",
         "test_expired_unswept_rows_keep_their_public_state",
     }
+
+
+def test_stats_leaving_out_lapsed_claims_fails_the_model_comparison(
+    run_suite: RunSuite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fault shows after a claim that lapsed is passed over by a later
+    claim: 200 examples caught it in 6 runs of 8, so this run asks for as
+    many as the stale handle's."""
+    monkeypatch.setenv("ALKSTORE_STATEFUL_EXAMPLES", "1500")
+    result = run_suite("broken_engines", "LapsedUncountedHarness", "-k", MODEL)
+    assert failed_tests(result) == {"test_engine_agrees_with_the_model"}
 
 
 def test_moves_in_two_steps_fail(run_suite: RunSuite) -> None:
