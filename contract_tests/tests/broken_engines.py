@@ -28,11 +28,18 @@ from typing import Any, ClassVar
 import pytest
 
 import alkstore
-from alkstore import AlkstoreError, JobHandle, QueueOpts, Schedule
-from alkstore.engine import MAX_ATTEMPTS_EXCEEDED, EncodedPayload, Resolved, check_engine_options
+from alkstore import AlkstoreError, JobHandle, QueueOpts, QueueStats, Schedule, SweepResult
+from alkstore.engine import (
+    EXPIRED,
+    MAX_ATTEMPTS_EXCEEDED,
+    EncodedPayload,
+    Resolved,
+    check_engine_options,
+)
 from alkstore_contract_tests import StoreTarget
 from alkstore_sqlite import ENGINE_OPTIONS, SqliteJobHandle, SqliteQueue, SqliteStore, parse_url
 from alkstore_sqlite._rows import LIVE_COLUMNS, bury_sql, job_from_row, to_us
+from alkstore_sqlite._wake import notify_wake, record_wake
 
 _HARNESS_PATH = Path(__file__).resolve().parents[2] / "alkstore_sqlite" / "tests" / "harness.py"
 
@@ -144,6 +151,10 @@ _TAKE = f"""
 def _fetchall(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> list[Any]:
     rows: list[Any] = conn.execute(sql, params).fetchall()
     return rows
+
+
+def _fetchone(conn: sqlite3.Connection, sql: str, params: dict[str, Any]) -> Any:
+    return conn.execute(sql, params).fetchone()
 
 
 class RacyClaimQueue(SqliteQueue):
@@ -295,6 +306,182 @@ class AlwaysMyTurnStore(SqliteStore):
         yield True
 
 
+# -- (i) claim order loses its id tie-break between paths to "due" -----------
+
+_PAUSED_NOW = "SELECT EXISTS (SELECT 1 FROM _alkstore_queues WHERE name = :queue AND paused = 1)"
+_NOT_EXPIRED = "(expires_at IS NULL OR expires_at > :now)"
+#: The claim's three paths to a claimable row, each walked in claim order.
+_PATHS = (
+    f"state = 'pending' AND run_at <= :now AND {_NOT_EXPIRED}",
+    f"state = 'scheduled' AND run_at <= :now AND {_NOT_EXPIRED}",
+    f"state IN ('processing', 'lapsed') AND claim_deadline <= :now "
+    f"AND attempts < max_attempts AND {_NOT_EXPIRED}",
+)
+_ANY_TO_CLAIM = " OR ".join(
+    f"EXISTS (SELECT 1 FROM _alkstore_jobs WHERE {where})"
+    for where in (_EXHAUSTED, *(f"queue = :queue AND {path}" for path in _PATHS))
+)
+# The deadline's microseconds rounded half to even, as the engine's are.
+_TAKE_ONE = f"""
+    UPDATE _alkstore_jobs
+    SET state = 'processing', attempts = attempts + 1, worker_id = :worker,
+        claim_deadline = :now + max(1, CAST(round(visibility_timeout_s * 1e6) AS INTEGER)
+            - (visibility_timeout_s * 1e6 - CAST(visibility_timeout_s * 1e6 AS INTEGER) = 0.5
+               AND CAST(visibility_timeout_s * 1e6 AS INTEGER) % 2 = 0))
+    WHERE id = :id
+    RETURNING {LIVE_COLUMNS}
+"""
+
+
+def _claim_by_paths(conn: sqlite3.Connection, params: dict[str, Any]) -> list[Any]:
+    if conn.execute(_PAUSED_NOW, params).fetchone()[0]:
+        return []
+    conn.execute(bury_sql(_EXHAUSTED), params)
+    conn.execute(f"DELETE FROM _alkstore_jobs WHERE {_EXHAUSTED}", params)
+    candidates = [
+        row
+        for where in _PATHS
+        for row in conn.execute(
+            f"SELECT id, priority, run_at FROM _alkstore_jobs WHERE queue = :queue AND {where} "
+            "ORDER BY priority DESC, run_at, id LIMIT :n",
+            params,
+        )
+    ]
+    # A stable merge by (priority, run_at) alone: a tie between paths goes
+    # to the path listed first, whatever the ids.
+    candidates.sort(key=lambda row: (-row[1], row[2]))
+    picked = candidates[: params["n"]]
+    return [conn.execute(_TAKE_ONE, {**params, "id": row[0]}).fetchone() for row in picked]
+
+
+class TiesByPathQueue(SqliteQueue):
+    """Merges the claim's paths (due, came due, lapsed) by priority and
+    ``run_at`` only, and hands out in that order: among equals, due jobs
+    come before jobs that just came due, and both before reclaims."""
+
+    def _claim(self, worker_id: str, n: int) -> list[JobHandle]:
+        params = _claim_params(self, worker_id, min(n, 2**63 - 1))
+        pool = self._store._pool
+        # Looked for first, so that a claim with nothing to do takes no
+        # write lock (as the engine's own claim looks before it locks).
+        if not pool.run(_fetchone, f"SELECT {_ANY_TO_CLAIM}", params)[0]:
+            return []
+        rows = pool.transaction(_claim_by_paths, params)
+        return [SqliteJobHandle(self, job_from_row(row)) for row in rows]
+
+
+# -- (j) stats leaves out lapsed claims a claim has set aside ----------------
+
+#: Counts each row by its claim fields and instants, as the engine does,
+#: but processing by the private state 'processing' (and an expired row's
+#: claim), which leaves out the lapsed claims a claim set aside for reclaim.
+_STATS_WITHOUT_LAPSED = """
+    SELECT
+        (SELECT count(*) FROM _alkstore_jobs
+         WHERE queue = :queue AND claim_deadline IS NULL AND run_at <= :now),
+        (SELECT count(*) FROM _alkstore_jobs
+         WHERE queue = :queue AND claim_deadline IS NULL AND run_at > :now),
+        (SELECT count(*) FROM _alkstore_jobs
+         WHERE queue = :queue AND state IN ('processing', 'expired')
+           AND claim_deadline IS NOT NULL),
+        (SELECT count(*) FROM _alkstore_dead WHERE queue = :queue)
+"""
+
+
+class LapsedUncountedQueue(SqliteQueue):
+    """``stats().processing`` leaves out lapsed claims not yet reclaimed."""
+
+    def _stats(self) -> QueueStats:
+        params = {"queue": self.name, "now": to_us(self._store._now())}
+        return QueueStats(*self._store._pool.run(_fetchone, _STATS_WITHOUT_LAPSED, params))
+
+
+# -- (k) moves between the tables in two committed statements ---------------
+
+#: How long a move in two steps leaves its job in both tables: the gap
+#: every such move has, wide enough that a reader or an ack running beside
+#: it meets the gap on a busy machine.
+_MOVE_GAP_S = 0.01
+
+_EXPIRED_NOW = "queue = :queue AND expires_at <= :now"
+_REQUEUE_COPY = """
+    INSERT INTO _alkstore_jobs (
+        id, queue, state, priority, run_at, expires_at, claim_deadline, attempts,
+        max_attempts, visibility_timeout_s, backoff_base_s, backoff_cap_s, enqueued_at,
+        worker_id, content_type, last_error, payload)
+    SELECT id, queue, :state, priority, :run_at, :run_at + (expires_at - enqueued_at), NULL,
+           attempts, min(attempts + max_attempts, 2147483647), visibility_timeout_s,
+           backoff_base_s, backoff_cap_s, enqueued_at, NULL, content_type, last_error, payload
+    FROM _alkstore_dead WHERE id = :id AND queue = :queue
+"""
+
+
+def _copy_back(conn: sqlite3.Connection, params: dict[str, Any]) -> int | None:
+    if conn.execute(_REQUEUE_COPY, params).rowcount != 1:
+        return None
+    return record_wake(conn, params["queue"])
+
+
+class TwoStepMoveHandle(SqliteJobHandle):
+    """``fail`` and ``retry`` at the budget copy the row to the dead table
+    and delete it from the live one in two transactions."""
+
+    def _dead_letter(self, error: str) -> bool:
+        params = self._params(error=error)
+        pool = self._queue._store._pool
+        if pool.run(_rowcount, _BURY_VALID, params) != 1:
+            return False
+        time.sleep(_MOVE_GAP_S)
+        pool.run(_rowcount, "DELETE FROM _alkstore_jobs WHERE id = :id", params)
+        return True
+
+
+class TwoStepMoveQueue(SqliteQueue):
+    """Every move between the tables in two transactions, copy first: the
+    claim's dead-lettering, the expiry sweep and requeue here, the handle's
+    in :class:`TwoStepMoveHandle`."""
+
+    def _claim(self, worker_id: str, n: int) -> list[JobHandle]:
+        params = _claim_params(self, worker_id, n)
+        pool = self._store._pool
+        # Looked for first, so that a claim with nothing to move takes no
+        # write lock (as the engine's own claim looks before it locks).
+        look = f"SELECT EXISTS (SELECT 1 FROM _alkstore_jobs WHERE {_EXHAUSTED})"
+        exhausted = pool.run(_fetchone, look, params)[0] and not self._is_paused()
+        if exhausted and pool.run(_rowcount, bury_sql(_EXHAUSTED), params):
+            time.sleep(_MOVE_GAP_S)
+            pool.run(_rowcount, f"DELETE FROM _alkstore_jobs WHERE {_EXHAUSTED}", params)
+        handles = super()._claim(worker_id, n)
+        return [TwoStepMoveHandle(self, handle.job) for handle in handles]
+
+    def _sweep_expired(self, retention_s: float | None) -> SweepResult:
+        params = {"queue": self.name, "now": to_us(self._store._now()), "error": EXPIRED}
+        pool = self._store._pool
+        expired = pool.run(_rowcount, bury_sql(_EXPIRED_NOW), params)
+        if expired:
+            time.sleep(_MOVE_GAP_S)
+            pool.run(_rowcount, f"DELETE FROM _alkstore_jobs WHERE {_EXPIRED_NOW}", params)
+        return SweepResult(expired, super()._sweep_expired(retention_s).purged)
+
+    def _requeue(self, job_id: int, now: datetime, run_at: datetime) -> bool:
+        if not -(2**63) <= job_id < 2**63:
+            return False
+        params = {
+            "id": job_id,
+            "queue": self.name,
+            "run_at": to_us(run_at),
+            "state": "scheduled" if run_at > now else "pending",
+        }
+        pool = self._store._pool
+        wake_id = pool.transaction(_copy_back, params)
+        if wake_id is None:
+            return False
+        time.sleep(_MOVE_GAP_S)
+        pool.run(_rowcount, "DELETE FROM _alkstore_dead WHERE id = :id", params)
+        notify_wake(self._store._file_key, self.name, wake_id)
+        return True
+
+
 # -- registration --------------------------------------------------------------
 
 QUEUE_CLASSES: dict[str, type[SqliteQueue]] = {
@@ -304,6 +491,9 @@ QUEUE_CLASSES: dict[str, type[SqliteQueue]] = {
     "broken-dead": LeakyDeadLetterQueue,
     "broken-requeue": RequeueResetsAttemptsQueue,
     "broken-pause": PausedClaimBuriesQueue,
+    "broken-ties": TiesByPathQueue,
+    "broken-stats": LapsedUncountedQueue,
+    "broken-moves": TwoStepMoveQueue,
 }
 STORE_CLASSES: dict[str, type[SqliteStore]] = {
     "broken-fire": UnguardedFireStore,
@@ -408,3 +598,15 @@ class AlwaysMyTurnHarness(_BrokenHarness):
 
 class NonAtomicFireHarness(_BrokenHarness):
     scheme = "broken-half-fire"
+
+
+class TiesByPathHarness(_BrokenHarness):
+    scheme = "broken-ties"
+
+
+class LapsedUncountedHarness(_BrokenHarness):
+    scheme = "broken-stats"
+
+
+class TwoStepMoveHarness(_BrokenHarness):
+    scheme = "broken-moves"

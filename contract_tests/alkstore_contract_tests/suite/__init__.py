@@ -24,6 +24,7 @@ from alkstore_contract_tests.suite.handle_ops import (
     RetryTests,
 )
 from alkstore_contract_tests.suite.lifecycle import ClosedStoreTests, EngineOptionTests, SchemaTests
+from alkstore_contract_tests.suite.moves import AtomicMoveTests
 from alkstore_contract_tests.suite.operations import (
     DeadLetterOpsTests,
     PauseTests,
@@ -53,6 +54,7 @@ from alkstore_contract_tests.suite.worker import WorkerTests
 __all__ = [
     "TOPICS",
     "AckBatchTests",
+    "AtomicMoveTests",
     "CancelTests",
     "ClaimTests",
     "ClosedStoreTests",
@@ -124,6 +126,7 @@ class ContractSuite(
     SchemaTests,
     HandedCaseTests,
     ThreadConcurrencyTests,
+    AtomicMoveTests,
     ProcessConcurrencyTests,
     ForkTests,
     SchedulerConcurrencyTests,

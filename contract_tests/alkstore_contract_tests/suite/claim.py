@@ -50,6 +50,70 @@ class ClaimTests(ContractFixtures):
         assert [h.id for h in q.claim_batch("w", 100)] == expected[3:]
         assert q.claim_batch("w", 5) == []
 
+    @staticmethod
+    def claim_all(q: Queue, how: str, count: int) -> list[int]:
+        """Claim ``count`` jobs, ``"one"`` by one or in two ``"batch"``es
+        (the best ``count - 1``, then the rest); the ids in hand-out order."""
+        if how == "one":
+            got: list[int] = []
+            for _ in range(count):
+                handle = q.claim_one("w")
+                assert handle is not None, f"claimed {got}, then nothing"
+                got.append(handle.id)
+        else:
+            got = [h.id for h in q.claim_batch("w", count - 1)]
+            got += [h.id for h in q.claim_batch("w", 100)]
+        assert q.claim_one("w") is None
+        return got
+
+    @pytest.mark.parametrize("how", ["one", "batch"])
+    @pytest.mark.parametrize("lower_id", ["came-due", "pending"])
+    def test_a_job_that_came_due_ties_with_a_pending_job_by_id(
+        self, queue: Queue, clock: ManualClock, lower_id: str, how: str
+    ) -> None:
+        """Two paths to "due" meet: a job enqueued with a delay that has
+        come due, and a job of the same priority already pending with the
+        same ``run_at``. Their order is the final ``id ASC`` (SPEC §3
+        "Claim"), whichever was enqueued first."""
+        if lower_id == "came-due":
+            came_due = queue.enqueue("came-due", delay=10)
+            clock.set(at(10))
+            pending = queue.enqueue("pending")
+        else:
+            pending = queue.enqueue("pending")
+            first = claim_exactly(queue, pending)
+            came_due = queue.enqueue("came-due", delay=10)
+            clock.set(at(10))
+            assert first.retry("back", delay=0)  # pending again, run_at = now
+        assert job(queue, came_due).run_at == job(queue, pending).run_at == at(10)
+        assert self.claim_all(queue, how, 2) == sorted([came_due, pending])
+
+    @pytest.mark.parametrize("how", ["one", "batch"])
+    @pytest.mark.parametrize("ids", ["pending-first", "reclaims-first"])
+    def test_reclaims_tie_with_a_pending_job_by_id(
+        self, store: Store, clock: ManualClock, ids: str, how: str
+    ) -> None:
+        """A reclaim is ordered by the row's own ``run_at`` (a claim does not
+        change it), so a lapsed claim ties with a pending job of the same
+        priority and ``run_at``, and ``id ASC`` decides (SPEC §3 "Claim").
+        Three paths meet: a pending job, a claim that lapsed before this
+        claim, and a claim that lapsed before an earlier claim, which
+        handed out another job and left it waiting."""
+        q = store.queue("jobs")
+        short = store.queue("jobs", QueueOpts(visibility_timeout_s=10))
+        names = ["pending", "lapsed-now", "lapsed-earlier"]
+        if ids == "reclaims-first":
+            names.reverse()
+        made = {name: (short if name == "lapsed-earlier" else q).enqueue(name) for name in names}
+        handles = {h.payload: h for h in q.claim_batch("w", 3)}
+        assert handles["pending"].retry("back", delay=0)  # pending again, run_at = T0
+        clock.set(at(10))
+        blocker = q.enqueue("blocker", priority=1)
+        claim_exactly(q, blocker).ack()  # lapsed-earlier's claim lapsed at T0+10
+        clock.set(at(30))
+        assert {(job(q, i).run_at, job(q, i).priority) for i in made.values()} == {(T0, 0)}
+        assert self.claim_all(q, how, 3) == sorted(made.values())
+
     def test_claim_batch_leaves_unclaimed_rows_untouched(
         self, ordered: tuple[Queue, list[int]]
     ) -> None:

@@ -326,6 +326,109 @@ class StatsTests(ContractFixtures):
         with pytest.raises(StoreClosedError):
             queue.lapsed_claims()
 
+    # The engines keep private row states (docs/decisions.md D16, D25): a
+    # claim sets lapsed and expired rows aside and moves rows that came due.
+    # stats() counts by the public states and the instants, whatever a
+    # row's private state, before and after a claim has moved it.
+
+    def test_lapsed_claims_count_as_processing_before_and_after_a_reclaim(
+        self, queue: Queue, clock: ManualClock
+    ) -> None:
+        ids = queue.enqueue_many(["a", "b", "c"])
+        queue.claim_batch("w1", 3)
+        assert queue.stats() == (0, 0, 3, 0)
+        clock.set(at(30))  # all three lapsed
+        assert queue.stats() == (0, 0, 3, 0)
+        claim_exactly(queue, ids[0], "w2")  # a reclaim; b and c wait, lapsed
+        assert queue.stats() == (0, 0, 3, 0)
+        higher = queue.enqueue("higher", priority=1)
+        claim_exactly(queue, higher, "w3")  # the lapsed two are passed over
+        assert queue.stats() == (0, 0, 4, 0)
+        assert [h.id for h in queue.claim_batch("w4", 5)] == ids[1:]
+        assert queue.stats() == (0, 0, 4, 0)
+
+    def test_a_spent_lapsed_claim_counts_as_processing_until_a_claim_dead_letters_it(
+        self, queue: Queue, clock: ManualClock
+    ) -> None:
+        spent = queue.enqueue("spent", max_attempts=1)
+        kept = queue.enqueue("kept")
+        queue.claim_batch("w1", 2)
+        clock.set(at(30))
+        assert queue.stats() == (0, 0, 2, 0)
+        higher = queue.enqueue("higher", priority=1)
+        claim_exactly(queue, higher, "w2")  # spent dead-lettered, kept passed over
+        assert queue.stats() == (0, 0, 2, 1)
+        assert job(queue, spent).state == "dead"
+        assert job(queue, kept).state == "processing"
+
+    def test_expired_unswept_rows_keep_their_public_state(
+        self, queue: Queue, clock: ManualClock
+    ) -> None:
+        """Rows past ``expires_at`` keep counting as pending (due) or
+        processing (claimed, lapsed or not) until ``sweep_expired`` moves
+        them, whichever way they expired and whether or not a claim has
+        set them aside."""
+        short = queue.store.queue(queue.name, QueueOpts(visibility_timeout_s=10))
+        waiting = [
+            queue.enqueue("due", expires=10),
+            queue.enqueue("came-due", delay=5, expires=10),
+            queue.enqueue("due-at-9", delay=9, expires=10),
+        ]
+        claimed = [
+            queue.enqueue("working", expires=10, priority=1),
+            short.enqueue("lapsing", expires=10, priority=1),
+            short.enqueue("lapsed-then-expired", expires=20, priority=1),
+        ]
+        assert [h.id for h in queue.claim_batch("w", 3)] == claimed
+        assert queue.stats() == (1, 2, 3, 0)
+
+        def hand_out_a_higher_job() -> None:
+            # A claim that moves the rows whose status changed, and hands
+            # out another job.
+            claim_exactly(queue, queue.enqueue("higher", priority=9)).ack()
+
+        clock.set(at(5))
+        hand_out_a_higher_job()  # came-due is due
+        assert queue.stats() == (2, 1, 3, 0)
+        clock.set(at(10))
+        assert queue.stats() == (3, 0, 3, 0)
+        hand_out_a_higher_job()  # five rows expired, lapsed-then-expired lapsed
+        assert queue.stats() == (3, 0, 3, 0)
+        for instant in (at(20), at(30)):  # lapsed-then-expired expires; working lapses
+            clock.set(instant)
+            assert queue.claim_one("w") is None
+            assert queue.stats() == (3, 0, 3, 0)
+        states = [job(queue, i).state for i in waiting + claimed]
+        assert states == ["pending"] * 3 + ["processing"] * 3
+        assert queue.sweep_expired() == (6, 0)
+        assert queue.stats() == (0, 0, 0, 6)
+
+    def test_due_exactly_at_run_at_on_every_path(self, queue: Queue, clock: ManualClock) -> None:
+        """``run_at == now`` is pending, ``run_at > now`` scheduled, for a
+        delayed enqueue, a retry with a delay and a requeue with a delay,
+        before and after a claim moved the row; and by the instants alone
+        when an injected clock moves back."""
+        delayed = queue.enqueue("delayed", delay=10)
+        retried, requeued = queue.enqueue_many(["retried", "requeued"])
+        first, second = queue.claim_batch("w", 2)
+        assert first.retry("e", delay=10)
+        assert second.fail()
+        assert queue.requeue(requeued, delay=10)
+        assert {job(queue, i).run_at for i in (delayed, retried, requeued)} == {at(10)}
+        clock.set(at(10) - MICRO)
+        assert queue.stats() == (0, 3, 0, 0)
+        assert queue.claim_one("w") is None
+        clock.set(at(10))
+        assert queue.stats() == (3, 0, 0, 0)
+        higher = queue.enqueue("higher", priority=1)
+        claim_exactly(queue, higher)  # moves the three that came due
+        assert queue.stats() == (3, 0, 1, 0)
+        clock.set(at(10) - MICRO)
+        assert queue.stats() == (0, 3, 1, 0)
+        assert queue.claim_one("w") is None
+        clock.set(at(10))
+        assert queue.stats() == (3, 0, 1, 0)
+
 
 class IsolationTests(ContractFixtures):
     """SPEC §2: every queue operation sees only its own queue's rows."""

@@ -74,6 +74,11 @@ _delay = st.none() | st.sampled_from([0, 5, 30, 45])
 _max_attempts = st.none() | st.integers(1, 3)
 _expires = st.none() | st.sampled_from([10, 40, 100])
 _index = st.integers(0, 10_000)
+#: ``run_at`` as an index into the instants where rows are due (or now):
+#: jobs of one priority then often tie on ``run_at`` across the claim's
+#: paths (a due job, one that came due, a reclaim), where only ``id``
+#: orders them.
+_tie = st.none() | _index
 _invalid = st.booleans()
 
 _run = itertools.count()
@@ -173,6 +178,7 @@ class QueueMachine(RuleBasedStateMachine):
                 delay=delay,
                 max_attempts=max_attempts,
                 expires=expires,
+                tie=None,
             )
 
     @rule(
@@ -184,6 +190,7 @@ class QueueMachine(RuleBasedStateMachine):
         delay=_delay,
         max_attempts=_max_attempts,
         expires=_expires,
+        tie=_tie,
     )
     def enqueue(
         self,
@@ -196,7 +203,10 @@ class QueueMachine(RuleBasedStateMachine):
         delay: int | None,
         max_attempts: int | None,
         expires: int | None,
+        tie: int | None,
     ) -> None:
+        """``enqueue`` or ``enqueue_many``; with ``tie``, ``run_at`` is an
+        instant where a live row is due, or now (``delay`` still wins)."""
         queue, name = self.q(via)
         options: dict[str, Any] = {
             "priority": priority,
@@ -204,6 +214,9 @@ class QueueMachine(RuleBasedStateMachine):
             "max_attempts": max_attempts,
             "expires": expires,
         }
+        if tie is not None:
+            instants = sorted({self.clock(), *(row.run_at for row in self.model.live.values())})
+            options["run_at"] = instants[tie % len(instants)]
         payloads = [payload] * count if many else [payload]
         try:
             resolution = self.model.resolve(self.clock(), queue.opts, **options)
