@@ -265,6 +265,7 @@ def test_stats_leaving_out_lapsed_claims_fails(run_suite: RunSuite) -> None:
     result = run_suite("broken_engines", "LapsedUncountedHarness", "-k", STATS)
     assert failed_tests(result) == {
         "test_lapsed_claims_count_as_processing_before_and_after_a_reclaim",
+        "test_lapsed_claims_counts_processing_jobs_past_their_deadline",
         "test_a_spent_lapsed_claim_counts_as_processing_until_a_claim_dead_letters_it",
         "test_expired_unswept_rows_keep_their_public_state",
     }

@@ -464,8 +464,8 @@ class WorkerTests(EngineHarness):
         queue = app.queue(QUEUE)
         job_id = queue.enqueue({"task": "record", "args": ["unused", "x"]})
         worker = app.worker(handle_signals=False)
-        running = RunningWorker(worker, burst=True)
         with self.job_writes_fail(alkstore_target):
+            running = RunningWorker(worker, burst=True)  # its first claim fails already
             running.thread.join(WAIT_S)
         assert not running.thread.is_alive(), "the burst worker did not give up"
         assert running.error is not None
