@@ -14,7 +14,9 @@ not wait (WAL recovery, changing the journal mode), so :meth:`run` and
 :meth:`transaction` retry the whole operation on ``SQLITE_BUSY`` and
 ``SQLITE_LOCKED`` until the busy timeout has passed. Every other
 ``sqlite3`` error becomes an :class:`~alkstore.errors.EngineError` with the
-driver's error as ``__cause__`` (SPEC §2 "Errors").
+driver's error as ``__cause__`` (SPEC §2 "Errors"). Opening a store does not
+wait for a lock held by a connection of this process, which may be its own
+caller's (:meth:`ConnectionPool.run_refusing_own_locks`).
 """
 
 from __future__ import annotations
@@ -29,14 +31,17 @@ from collections.abc import Callable
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from alkstore.errors import EngineError, StoreClosedError
+from alkstore_sqlite._locks import Probes, held_by_this_process
 
 __all__ = [
     "ConnectionPool",
     "close_inherited",
+    "close_connection",
     "connect",
     "engine_error",
     "fetchall",
     "fetchone",
+    "file_lock",
     "is_busy",
     "rowcount",
     "run_in_transaction",
@@ -159,6 +164,7 @@ class ConnectionPool:
         self.path = path
         self.busy_timeout_s = busy_timeout_s
         self.synchronous = synchronous
+        self._file_key = os.path.realpath(path)
         self._lock = threading.Lock()
         self._idle: list[sqlite3.Connection] = []
         self._closed = False
@@ -178,21 +184,22 @@ class ConnectionPool:
         if conn.in_transaction:
             # Only after a failure inside ROLLBACK itself; never lend out a
             # connection with a transaction open.
-            conn.close()
+            close_connection(conn, self._file_key)
             return
         with self._lock:
             if not self._closed:
                 self._idle.append(conn)
                 return
-        conn.close()
+        close_connection(conn, self._file_key)
 
     def close(self) -> None:
         """Close the idle connections; lent ones close when given back."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
+        with file_lock(self._file_key):
+            for conn in idle:
+                conn.close()
 
     def _after_fork_in_child(self) -> None:
         # A connection inherited across fork() must not be used (D15), and
@@ -248,6 +255,60 @@ class ConnectionPool:
             time.sleep(pause)
             pause = min(pause * 2, _RETRY_MAX_S)
 
+    def run_refusing_own_locks(
+        self,
+        probes: Probes,
+        refusal: Callable[[], Exception],
+        op: Callable[Concatenate[sqlite3.Connection, P], T],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """As :meth:`run`, but never wait for a lock that a connection of
+        this process holds: raise ``refusal()`` at once instead.
+
+        The holder may be the caller's own transaction (the application's
+        connection around ``enqueue_tx``), which cannot end before this
+        returns. ``op`` first runs with SQLite's busy handler off; if it
+        comes back busy and a lock of this process blocks it
+        (:func:`~alkstore_sqlite._locks.held_by_this_process` with
+        ``probes``), that is the refusal; otherwise (another process holds
+        the lock, or it was let go meanwhile, or the platform cannot tell)
+        it runs as :meth:`run` does, waiting up to the busy timeout.
+
+        Raises
+        ------
+        Exception
+            ``refusal()``, as above.
+        EngineError, StoreClosedError
+            As :meth:`run`.
+        """
+        with self._lock:
+            if self._closed:
+                raise StoreClosedError("the store is closed")
+            conn = self._idle.pop() if self._idle else None
+        try:
+            if conn is None:
+                # Setting a new connection up reads the file too.
+                conn = connect(self.path, 0.0, self.synchronous)
+            else:
+                conn.execute("PRAGMA busy_timeout = 0")
+        except sqlite3.Error as error:
+            if not is_busy(error):
+                raise engine_error(error, self.path) from error
+        else:
+            try:
+                return op(conn, *args, **kwargs)
+            except sqlite3.Error as error:
+                if not is_busy(error):
+                    raise engine_error(error, self.path) from error
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {_busy_timeout_ms(self.busy_timeout_s)}")
+                self._release(conn)
+        if held_by_this_process(self.path, probes):
+            raise refusal()
+        return self.run(op, *args, **kwargs)
+
     def transaction(
         self,
         op: Callable[Concatenate[sqlite3.Connection, P], T],
@@ -269,6 +330,11 @@ class ConnectionPool:
             If the pool was closed.
         """
         return self.run(run_in_transaction, op, *args, **kwargs)
+
+
+def _busy_timeout_ms(seconds: float) -> int:
+    # As sqlite3.connect(timeout=) sets it; SQLite takes a C int.
+    return min(int(seconds * 1000), 2**31 - 1)
 
 
 def run_in_transaction(
@@ -295,6 +361,31 @@ def run_in_transaction(
 # Every pool of this process, to close inherited connections after fork().
 _pools: weakref.WeakSet[ConnectionPool] = weakref.WeakSet()
 
+# One lock per database file (by real path) in this process, held while a
+# store prepares the file (SqliteStore._prepare) and while alkstore closes a
+# connection to it. Closing the last connection to a file checkpoints it
+# under SQLite's exclusive lock: a store preparing the file meanwhile would
+# find that lock held by this process and take it for its caller's
+# (ConnectionPool.run_refusing_own_locks). Re-entrant: preparing may close.
+_file_locks_lock = threading.Lock()
+_file_locks: dict[str, threading.RLock] = {}
+
+
+def file_lock(key: str) -> threading.RLock:
+    """The lock of the database file whose real path is ``key``."""
+    with _file_locks_lock:
+        lock = _file_locks.get(key)
+        if lock is None:
+            lock = _file_locks[key] = threading.RLock()
+        return lock
+
+
+def close_connection(conn: sqlite3.Connection, key: str) -> None:
+    """Close ``conn``, a connection to the file whose real path is ``key``,
+    under :func:`file_lock`."""
+    with file_lock(key):
+        conn.close()
+
 
 def close_inherited(conn: sqlite3.Connection) -> None:
     """Close a connection a forked child inherited (see
@@ -304,6 +395,9 @@ def close_inherited(conn: sqlite3.Connection) -> None:
 
 
 def _after_fork_in_child() -> None:
+    global _file_locks_lock, _file_locks
+    # Locks held by the parent's other threads would never be let go here.
+    _file_locks_lock, _file_locks = threading.Lock(), {}
     for pool in list(_pools):
         pool._after_fork_in_child()
 

@@ -50,7 +50,7 @@ import threading
 import time
 
 from alkstore.engine import WakeLatch
-from alkstore_sqlite._connection import close_inherited, connect
+from alkstore_sqlite._connection import close_connection, close_inherited, connect
 from alkstore_sqlite._inotify import FileEvents, watch_file
 
 __all__ = [
@@ -283,7 +283,7 @@ class FileWatch:
         with self.sqlite_lock:
             conn, self.conn = self.conn, None
             if conn is not None:
-                conn.close()
+                close_connection(conn, self.path)
 
     def after_fork_in_child(self) -> None:
         """Close what the watcher held; its thread did not survive fork().

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sqlite3
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from multiprocessing.synchronize import Barrier
+from multiprocessing.process import BaseProcess
+from multiprocessing.synchronize import Barrier, Event
 from typing import Any
 
 import alkstore
@@ -53,6 +55,32 @@ def run_children(target: Callable[..., Any], args: Sequence[Sequence[Any]]) -> l
 def barrier(parties: int) -> Barrier:
     """A barrier that spawned children can inherit."""
     return multiprocessing.get_context("spawn").Barrier(parties)
+
+
+def event() -> Event:
+    """An event that spawned children can inherit."""
+    return multiprocessing.get_context("spawn").Event()
+
+
+def start_child(target: Callable[..., Any], args: Sequence[Any]) -> BaseProcess:
+    """Start ``target(*args)`` in a spawned process and return it; the
+    caller joins it and checks its exit code."""
+    process = multiprocessing.get_context("spawn").Process(target=target, args=tuple(args))
+    process.start()
+    return process
+
+
+def hold_write_lock(path: str, held: Event, release: Event) -> None:
+    """Hold the write lock of the database ``path`` until ``release``."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        held.set()
+        if not release.wait(CHILD_TIMEOUT_S):
+            raise TimeoutError("never released")
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
 
 
 def open_at_once(url: str, barrier: Barrier) -> str:
