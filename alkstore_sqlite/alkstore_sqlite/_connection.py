@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from alkstore.errors import EngineError, StoreClosedError
+from alkstore_sqlite._identity import FileGuard
 from alkstore_sqlite._locks import Probes, held_by_this_process
 
 __all__ = [
@@ -122,7 +123,12 @@ def _file_problem(path: str) -> str:
 SYNCHRONOUS = ("full", "normal")
 
 
-def connect(path: str, busy_timeout_s: float, synchronous: str = "full") -> sqlite3.Connection:
+def connect(
+    path: str,
+    busy_timeout_s: float,
+    synchronous: str = "full",
+    before_first_read: Callable[[], object] | None = None,
+) -> sqlite3.Connection:
     """Open one connection to ``path`` with alkstore's settings.
 
     ``synchronous`` is ``"full"`` (the default: every commit is on disk
@@ -130,6 +136,11 @@ def connect(path: str, busy_timeout_s: float, synchronous: str = "full") -> sqli
     ``"normal"`` (in WAL mode a commit survives a crash of the process, but a
     power loss may drop the last commits; about ten times more commits per
     second). See the package README.
+
+    ``before_first_read`` runs once the file is open and before anything is
+    read from it (setting a PRAGMA reads the schema, which opens the
+    ``-wal`` and ``-shm`` files); if it raises, the connection is closed
+    and the error propagates.
     """
     conn = sqlite3.connect(
         path,
@@ -139,6 +150,8 @@ def connect(path: str, busy_timeout_s: float, synchronous: str = "full") -> sqli
         cached_statements=_CACHED_STATEMENTS,
     )
     try:
+        if before_first_read is not None:
+            before_first_read()
         conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
     except BaseException:
         conn.close()
@@ -158,27 +171,67 @@ class ConnectionPool:
         :class:`~alkstore.errors.EngineError`.
     synchronous
         ``"full"`` or ``"normal"``, as :func:`connect`.
+
+    Attributes
+    ----------
+    guard
+        Whether the path still names the files the pool opened
+        (:class:`~alkstore_sqlite._identity.FileGuard`), armed by
+        :meth:`arm_guard`: once it saw them go, every operation raises
+        ``EngineError(permanent=True)``, and no connection is ever opened
+        on whatever file took their place.
     """
 
     def __init__(self, path: str, busy_timeout_s: float, synchronous: str = "full") -> None:
         self.path = path
         self.busy_timeout_s = busy_timeout_s
         self.synchronous = synchronous
+        self.guard = FileGuard(path)
         self._file_key = os.path.realpath(path)
         self._lock = threading.Lock()
         self._idle: list[sqlite3.Connection] = []
         self._closed = False
         _pools.add(self)
 
+    def arm_guard(self) -> None:
+        """Start comparing the path with the files it names now; call once
+        the file is ready (the store opened it).
+
+        Raises
+        ------
+        EngineError
+            If the database cannot be read.
+        """
+        try:
+            witness = connect(self.path, self.busy_timeout_s, self.synchronous)
+        except sqlite3.Error as error:
+            raise engine_error(error, self.path) from error
+        try:
+            # A read opens the -wal and -shm files.
+            witness.execute("SELECT count(*) FROM sqlite_schema").fetchone()
+        except BaseException as error:
+            close_connection(witness, self._file_key)
+            if isinstance(error, sqlite3.Error):
+                raise engine_error(error, self.path) from error
+            raise
+        self.guard.arm(witness)
+
     # -- lending -------------------------------------------------------------
 
     def _acquire(self) -> sqlite3.Connection:
+        self.guard.check()
         with self._lock:
             if self._closed:
                 raise StoreClosedError("the store is closed")
             if self._idle:
                 return self._idle.pop()
-        return connect(self.path, self.busy_timeout_s, self.synchronous)
+        # A new connection opens whatever the path names now: never one on
+        # a file that took the opened one's place. It must not even read
+        # it: its -wal and -shm files may still be the opened ones, and
+        # its closing would replay them into the new file.
+        return connect(
+            self.path, self.busy_timeout_s, self.synchronous, before_first_read=self.guard.check_now
+        )
 
     def _release(self, conn: sqlite3.Connection) -> None:
         if conn.in_transaction:
@@ -197,9 +250,12 @@ class ConnectionPool:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
+        witness = self.guard.take_witness()
         with file_lock(self._file_key):
             for conn in idle:
                 conn.close()
+            if witness is not None:
+                witness.close()
 
     def _after_fork_in_child(self) -> None:
         # A connection inherited across fork() must not be used (D15), and
@@ -213,7 +269,8 @@ class ConnectionPool:
         # locks, and checkpoints only if nobody else holds the file.
         self._lock = threading.Lock()
         idle, self._idle = self._idle, []
-        for conn in idle:
+        witness = self.guard.after_fork_in_child()
+        for conn in [*idle, *([witness] if witness is not None else [])]:
             close_inherited(conn)
 
     # -- running operations --------------------------------------------------
@@ -283,6 +340,7 @@ class ConnectionPool:
         EngineError, StoreClosedError
             As :meth:`run`.
         """
+        self.guard.check()
         with self._lock:
             if self._closed:
                 raise StoreClosedError("the store is closed")

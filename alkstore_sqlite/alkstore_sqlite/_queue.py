@@ -314,6 +314,8 @@ class SqliteQueue(Queue):
 
     def _insert_tx(self, conn: Any, resolved: Resolved, payload: EncodedPayload) -> int:
         cursor = self._tx_cursor(conn)
+        # The caller's connection, not the pool's: ask the guard here.
+        self._store._pool.guard.check()
         # One statement is atomic: if it fails, the caller's transaction is
         # left as it was.
         try:

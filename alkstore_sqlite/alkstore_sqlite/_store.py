@@ -19,7 +19,7 @@ from alkstore.engine import (
     duration_s,
 )
 from alkstore.errors import SchemaVersionError, ValidationError
-from alkstore_sqlite import _locks, _operations, _schedules, _schema
+from alkstore_sqlite import _identity, _locks, _operations, _schedules, _schema
 from alkstore_sqlite._connection import (
     SYNCHRONOUS,
     ConnectionPool,
@@ -125,6 +125,9 @@ class SqliteStore(Store):
             # relative path or symlink named it.
             self._file_key = os.path.realpath(self._path)
             self._prepare(migrate)
+            # From here on the path must go on naming the files opened
+            # (_identity): a deleted or replaced file fails every operation.
+            self._pool.arm_guard()
         except BaseException:
             self._closed = True
             self._pool.close()
@@ -172,6 +175,9 @@ class SqliteStore(Store):
         """
         pool = self._pool
         with file_lock(self._file_key):
+            # A store of this process whose files were replaced at this
+            # path removes what they left there before this one reads it.
+            _identity.settle(self._path)
             found, journal_mode = pool.run_refusing_own_locks(
                 _locks.READ, lambda: self._refusal("read the schema version of"), _read_state
             )

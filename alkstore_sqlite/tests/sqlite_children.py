@@ -83,6 +83,33 @@ def hold_write_lock(path: str, held: Event, release: Event) -> None:
         conn.close()
 
 
+def drain_until_refused(url: str, ready: Event, changed: Event, report: str) -> None:
+    """Claim and ack until the store refuses (its file replaced once
+    ``changed`` is set); write whether the error was permanent and its
+    message to ``report``."""
+    import time
+
+    with alkstore.open(url) as store:
+        queue = store.queue("q")
+        queue.enqueue_many(list(range(1000)))
+        ready.set()
+        if not changed.wait(CHILD_TIMEOUT_S):
+            raise TimeoutError("never changed")
+        deadline = time.monotonic() + CHILD_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                handle = queue.claim_one("child")
+                if handle is not None:
+                    handle.ack()
+                else:
+                    queue.stats()
+            except alkstore.EngineError as error:
+                with open(report, "w") as out:
+                    out.write(f"{error.permanent}\n{error}")
+                return
+        raise TimeoutError("the store never refused")
+
+
 def open_at_once(url: str, barrier: Barrier) -> str:
     """Open (and so migrate) a store on ``url`` together with siblings."""
     barrier.wait()
