@@ -13,7 +13,8 @@ descriptors, and other processes start from the file without them.
 Files are told apart by (device, inode). A :class:`FileGuard` records the
 three files' identities once the store is open, compares them with what
 the path names at most every :data:`CHECK_INTERVAL_S` (one ``stat`` per
-file; the store's operations ask), and the first change it sees is
+file; the store's operations ask, and its file watcher wakes the waiting
+subscriptions when it sees a change), and the first change it sees is
 final: every later operation of the store raises
 ``EngineError(permanent=True)``, and it logs one ERROR naming the path and
 what happened. Before that it saves a copy of the database as the store

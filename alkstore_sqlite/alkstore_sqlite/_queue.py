@@ -309,7 +309,7 @@ class SqliteQueue(Queue):
             ids = pool.transaction(_insert_many, rows)
         # With the last id, so the file watcher recognises the commit as
         # delivered when it sees the same rows.
-        notify(self._store._file_key, self._name, ids[-1])
+        notify(self._store._wake_key, self._name, ids[-1])
         return ids
 
     def _insert_tx(self, conn: Any, resolved: Resolved, payload: EncodedPayload) -> int:

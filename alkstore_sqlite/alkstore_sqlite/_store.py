@@ -31,6 +31,7 @@ from alkstore_sqlite._queue import SqliteQueue
 from alkstore_sqlite._rows import to_us
 from alkstore_sqlite._subscription import SqliteSubscription
 from alkstore_sqlite._url import parse_url
+from alkstore_sqlite._wake import WatchKey
 
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT_S",
@@ -128,6 +129,10 @@ class SqliteStore(Store):
             # From here on the path must go on naming the files opened
             # (_identity): a deleted or replaced file fails every operation.
             self._pool.arm_guard()
+            opened = self._pool.guard.opened
+            assert opened is not None
+            self._opened = opened
+            self._wake_key: WatchKey = (self._file_key, opened.db)
         except BaseException:
             self._closed = True
             self._pool.close()

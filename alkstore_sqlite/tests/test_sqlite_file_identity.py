@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ import alkstore
 from alkstore import JobHandle
 from alkstore.errors import EngineError
 from alkstore_contract_tests import ManualClock
-from alkstore_sqlite import SqliteStore, _identity
+from alkstore_sqlite import SqliteStore, _identity, _wake
 
 # Generous beside CHECK_INTERVAL_S (0.1 s) and the watcher's safety look
 # (0.25 s), for a loaded machine; without the guard nothing ever raises.
@@ -288,6 +289,74 @@ def test_operations_refuse_within_the_interval_in_real_time(
         assert refused.permanent
         assert took < _BOUND_S
     assert len(errors_logged()) == 1
+
+
+@pytest.mark.parametrize("inotify", [True, False])
+@pytest.mark.parametrize("kind", ["deleted", "replaced", "-wal and -shm deleted"])
+def test_a_blocked_wait_raises_within_the_bound(
+    db_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    errors_logged: Callable[[], list[str]],
+    kind: str,
+    inotify: bool,
+) -> None:
+    if not inotify:
+        monkeypatch.setattr(_wake, "watch_file", lambda path, companions=(): None)
+    change, said = _CHANGES[kind]
+    with alkstore.open(f"sqlite:///{db_path}") as store, store.listen("q") as sub:
+        store.queue("q").enqueue("J")
+        assert sub.wait(5)
+        waiting, outcome = threading.Event(), []
+
+        def wait() -> None:
+            # As a consumer does: a wake (spurious ones are allowed) and
+            # back to waiting, until the wait raises.
+            waiting.set()
+            try:
+                while sub.wait(60):
+                    pass
+            except EngineError as error:
+                outcome.append(error)
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        assert waiting.wait(5)
+        change(db_path)
+        changed = time.monotonic()
+        waiter.join(60)
+        took = time.monotonic() - changed
+        assert not waiter.is_alive()
+        (error,) = outcome
+        assert isinstance(error, EngineError), error
+        assert error.permanent
+        assert said in str(error)
+        assert took < _BOUND_S
+        with pytest.raises(EngineError):
+            sub.wait(0)
+    assert len(errors_logged()) == 1
+
+
+def test_a_store_on_the_new_file_gets_its_own_watcher(db_path: Path) -> None:
+    """A store opened on the file that replaced another is woken by commits
+    to it, not served by the old file's watcher."""
+    db_url = f"sqlite:///{db_path}"
+    with alkstore.open(db_url) as old, old.listen("q") as old_sub:
+        _replace_with_another_database(db_path)
+        with alkstore.open(db_url) as new, new.listen("q") as new_sub:
+            assert len(_wake._registry.watches) == 2
+            conn = sqlite3.connect(db_path, isolation_level=None)
+            try:
+                conn.execute("BEGIN")
+                new.queue("q").enqueue_tx(conn, "elsewhere")
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+            assert new_sub.wait(5)
+            handle = new.queue("q").claim_one("w")
+            assert handle is not None
+            assert handle.payload == "from the other file"
+        with pytest.raises(EngineError):
+            old_sub.wait(5)
 
 
 def test_a_store_in_another_process_notices(db_path: Path, tmp_path: Path) -> None:
