@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from alkstore.errors import EngineError
+from alkstore_sqlite._locks import pin_shared
 
 __all__ = ["CHECK_INTERVAL_S", "FileGuard", "FileIdentity", "rescue_path", "settle"]
 
@@ -260,6 +261,20 @@ class FileGuard:
             f" A copy of the database as this store sees it, every commit included, "
             f"was saved to {target!r}."
         )
+        # Only the -wal or -shm went? When this process's last connection to
+        # the database closes, SQLite would checkpoint the deleted WAL into
+        # the file and remove the -wal at the path, with what other
+        # processes committed since: the pin stops it.
+        if (
+            opened.db is not None
+            and _identity(self.path) == opened.db
+            and pin_shared(self.path, opened.db)
+        ):
+            text += (
+                " This process keeps a shared lock on the database until it exits, "
+                "so that closing it does not write this store's view into the file "
+                "over the commits other processes made since."
+            )
         removed = []
         if _identity(self.path) != opened.db:
             for suffix, ours in (("-wal", opened.wal), ("-shm", opened.shm)):

@@ -20,6 +20,8 @@ It is asked through a descriptor SQLite itself holds on the file (found in
 ``/proc/self/fd``): opening and closing a descriptor of our own would drop
 every record lock this process holds on the file (POSIX), SQLite's too.
 Elsewhere the question has no answer (``None``) and callers wait as before.
+
+:func:`pin_shared` takes such a lock itself, for the rest of the process.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import os
 import struct
 import sys
 
-__all__ = ["READ", "SWITCH_TO_WAL", "WRITE", "Probes", "held_by_this_process"]
+__all__ = ["READ", "SWITCH_TO_WAL", "WRITE", "Probes", "held_by_this_process", "pin_shared"]
 
 _PENDING_BYTE = 0x40000000
 _RESERVED_BYTE = _PENDING_BYTE + 1
@@ -43,9 +45,10 @@ if sys.platform == "linux":
     import fcntl
 
     _OFD_GETLK: int | None = getattr(fcntl, "F_OFD_GETLK", None)
+    _OFD_SETLK: int | None = getattr(fcntl, "F_OFD_SETLK", None)
     _RDLCK, _WRLCK, _UNLCK = fcntl.F_RDLCK, fcntl.F_WRLCK, fcntl.F_UNLCK
 else:  # pragma: no cover - the query exists on Linux only
-    _OFD_GETLK = None
+    _OFD_GETLK = _OFD_SETLK = None
     _RDLCK, _WRLCK, _UNLCK = 0, 1, 2
 
 # (file suffix, first byte, length, the lock SQLite wants there): each
@@ -107,6 +110,49 @@ def held_by_this_process(path: str, probes: Probes) -> bool | None:
         if kind != _UNLCK and pid == me:
             return True
     return False
+
+
+# Descriptors of pin_shared(), open until the process exits: closing one
+# would drop every record lock this process holds on its file, SQLite's too.
+_pinned: list[int] = []
+
+
+def pin_shared(path: str, identity: tuple[int, int]) -> bool:
+    """Hold a read lock on the SHARED bytes of the database ``path`` until
+    this process exits, so that no connection can take SQLite's EXCLUSIVE
+    lock on it meanwhile, this process's own included (an open file
+    description lock conflicts with the record locks of its own process).
+
+    SQLite's last connection to a database checkpoints its WAL into the file
+    when it closes and then removes the ``-wal`` and ``-shm`` files at the
+    path; it needs the EXCLUSIVE lock for that, and the pin denies it.
+
+    Parameters
+    ----------
+    identity
+        The (device, inode) the path must name; nothing is pinned otherwise.
+
+    Returns
+    -------
+    bool
+        Whether the lock is held (not on platforms without ``F_OFD_SETLK``).
+    """
+    if _OFD_SETLK is None:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    _pinned.append(fd)  # even if unused: see _pinned
+    try:
+        found = os.fstat(fd)
+        if (found.st_dev, found.st_ino) != identity:
+            return False
+        lock = _FLOCK.pack(_RDLCK, os.SEEK_SET, _SHARED_FIRST, _SHARED_SIZE, 0)
+        fcntl.fcntl(fd, _OFD_SETLK, lock)
+    except OSError:
+        return False
+    return True
 
 
 def _open_descriptor(path: str) -> tuple[int, tuple[int, int]] | None:

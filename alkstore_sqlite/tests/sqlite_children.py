@@ -83,6 +83,19 @@ def hold_write_lock(path: str, held: Event, release: Event) -> None:
         conn.close()
 
 
+def enqueue_one(url: str, queue: str, payload: Any) -> int:
+    """Open a store, enqueue ``payload`` and close it."""
+    with alkstore.open(url) as store:
+        return store.queue(queue).enqueue(payload)
+
+
+def pending_payloads(url: str, queue: str) -> list[Any]:
+    """The payloads of the jobs ``queue`` holds, in claim order (claimed
+    and never acked)."""
+    with alkstore.open(url) as store:
+        return [handle.payload for handle in store.queue(queue).claim_batch("check", 1000)]
+
+
 def drain_until_refused(url: str, ready: Event, changed: Event, report: str) -> None:
     """Claim and ack until the store refuses (its file replaced once
     ``changed`` is set); write whether the error was permanent and its

@@ -243,6 +243,29 @@ def test_the_stale_wal_is_removed_from_beside_a_replacement(
     assert "was removed so that SQLite does not apply it" in errors_logged()[0]
 
 
+def test_closing_after_a_deleted_wal_keeps_what_others_committed(
+    db_path: Path, errors_logged: Callable[[], list[str]]
+) -> None:
+    """SQLite's last close would checkpoint the deleted WAL into the file
+    and remove the -wal other processes made since, with their commits."""
+    db_url = f"sqlite:///{db_path}"
+    store = alkstore.open(db_url)
+    store.queue("q").enqueue_many([f"before {i}" for i in range(5)])
+    _remove_wal_and_shm(db_path)
+    sqlite_children.run_children(sqlite_children.enqueue_one, [(db_url, "q", "after")])
+    with pytest.raises(EngineError):
+        store._pool.guard.check_now()
+    store.close()
+    (payloads,) = sqlite_children.run_children(sqlite_children.pending_payloads, [(db_url, "q")])
+    assert payloads == ["after"]  # the other side; this store's is in the copy
+    assert "keeps a shared lock on the database until it exits" in errors_logged()[0]
+    (rescue,) = db_path.parent.glob("q.db-alkstore-rescue-*.db")
+    (saved,) = sqlite_children.run_children(
+        sqlite_children.pending_payloads, [(f"sqlite:///{rescue}", "q")]
+    )
+    assert saved == [f"before {i}" for i in range(5)]
+
+
 def test_a_connection_made_after_the_replacement_refuses_at_once(
     db_path: Path, clock: ManualClock
 ) -> None:
