@@ -14,7 +14,9 @@ not wait (WAL recovery, changing the journal mode), so :meth:`run` and
 :meth:`transaction` retry the whole operation on ``SQLITE_BUSY`` and
 ``SQLITE_LOCKED`` until the busy timeout has passed. Every other
 ``sqlite3`` error becomes an :class:`~alkstore.errors.EngineError` with the
-driver's error as ``__cause__`` (SPEC §2 "Errors").
+driver's error as ``__cause__`` (SPEC §2 "Errors"). Opening a store does not
+wait for a lock held by a connection of this process, which may be its own
+caller's (:meth:`ConnectionPool.run_refusing_own_locks`).
 """
 
 from __future__ import annotations
@@ -29,14 +31,18 @@ from collections.abc import Callable
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from alkstore.errors import EngineError, StoreClosedError
+from alkstore_sqlite._identity import FileGuard
+from alkstore_sqlite._locks import Probes, held_by_this_process
 
 __all__ = [
     "ConnectionPool",
     "close_inherited",
+    "close_connection",
     "connect",
     "engine_error",
     "fetchall",
     "fetchone",
+    "file_lock",
     "is_busy",
     "rowcount",
     "run_in_transaction",
@@ -117,7 +123,12 @@ def _file_problem(path: str) -> str:
 SYNCHRONOUS = ("full", "normal")
 
 
-def connect(path: str, busy_timeout_s: float, synchronous: str = "full") -> sqlite3.Connection:
+def connect(
+    path: str,
+    busy_timeout_s: float,
+    synchronous: str = "full",
+    before_first_read: Callable[[], object] | None = None,
+) -> sqlite3.Connection:
     """Open one connection to ``path`` with alkstore's settings.
 
     ``synchronous`` is ``"full"`` (the default: every commit is on disk
@@ -125,6 +136,11 @@ def connect(path: str, busy_timeout_s: float, synchronous: str = "full") -> sqli
     ``"normal"`` (in WAL mode a commit survives a crash of the process, but a
     power loss may drop the last commits; about ten times more commits per
     second). See the package README.
+
+    ``before_first_read`` runs once the file is open and before anything is
+    read from it (setting a PRAGMA reads the schema, which opens the
+    ``-wal`` and ``-shm`` files); if it raises, the connection is closed
+    and the error propagates.
     """
     conn = sqlite3.connect(
         path,
@@ -134,6 +150,8 @@ def connect(path: str, busy_timeout_s: float, synchronous: str = "full") -> sqli
         cached_statements=_CACHED_STATEMENTS,
     )
     try:
+        if before_first_read is not None:
+            before_first_read()
         conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
     except BaseException:
         conn.close()
@@ -153,46 +171,91 @@ class ConnectionPool:
         :class:`~alkstore.errors.EngineError`.
     synchronous
         ``"full"`` or ``"normal"``, as :func:`connect`.
+
+    Attributes
+    ----------
+    guard
+        Whether the path still names the files the pool opened
+        (:class:`~alkstore_sqlite._identity.FileGuard`), armed by
+        :meth:`arm_guard`: once it saw them go, every operation raises
+        ``EngineError(permanent=True)``, and no connection is ever opened
+        on whatever file took their place.
     """
 
     def __init__(self, path: str, busy_timeout_s: float, synchronous: str = "full") -> None:
         self.path = path
         self.busy_timeout_s = busy_timeout_s
         self.synchronous = synchronous
+        self.guard = FileGuard(path)
+        self._file_key = os.path.realpath(path)
         self._lock = threading.Lock()
         self._idle: list[sqlite3.Connection] = []
         self._closed = False
         _pools.add(self)
 
+    def arm_guard(self) -> None:
+        """Start comparing the path with the files it names now; call once
+        the file is ready (the store opened it).
+
+        Raises
+        ------
+        EngineError
+            If the database cannot be read.
+        """
+        try:
+            witness = connect(self.path, self.busy_timeout_s, self.synchronous)
+        except sqlite3.Error as error:
+            raise engine_error(error, self.path) from error
+        try:
+            # A read opens the -wal and -shm files.
+            witness.execute("SELECT count(*) FROM sqlite_schema").fetchone()
+        except BaseException as error:
+            close_connection(witness, self._file_key)
+            if isinstance(error, sqlite3.Error):
+                raise engine_error(error, self.path) from error
+            raise
+        self.guard.arm(witness)
+
     # -- lending -------------------------------------------------------------
 
     def _acquire(self) -> sqlite3.Connection:
+        self.guard.check()
         with self._lock:
             if self._closed:
                 raise StoreClosedError("the store is closed")
             if self._idle:
                 return self._idle.pop()
-        return connect(self.path, self.busy_timeout_s, self.synchronous)
+        # A new connection opens whatever the path names now: never one on
+        # a file that took the opened one's place. It must not even read
+        # it: its -wal and -shm files may still be the opened ones, and
+        # its closing would replay them into the new file.
+        return connect(
+            self.path, self.busy_timeout_s, self.synchronous, before_first_read=self.guard.check_now
+        )
 
     def _release(self, conn: sqlite3.Connection) -> None:
         if conn.in_transaction:
             # Only after a failure inside ROLLBACK itself; never lend out a
             # connection with a transaction open.
-            conn.close()
+            close_connection(conn, self._file_key)
             return
         with self._lock:
             if not self._closed:
                 self._idle.append(conn)
                 return
-        conn.close()
+        close_connection(conn, self._file_key)
 
     def close(self) -> None:
         """Close the idle connections; lent ones close when given back."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
+        witness = self.guard.take_witness()
+        with file_lock(self._file_key):
+            for conn in idle:
+                conn.close()
+            if witness is not None:
+                witness.close()
 
     def _after_fork_in_child(self) -> None:
         # A connection inherited across fork() must not be used (D15), and
@@ -206,7 +269,8 @@ class ConnectionPool:
         # locks, and checkpoints only if nobody else holds the file.
         self._lock = threading.Lock()
         idle, self._idle = self._idle, []
-        for conn in idle:
+        witness = self.guard.after_fork_in_child()
+        for conn in [*idle, *([witness] if witness is not None else [])]:
             close_inherited(conn)
 
     # -- running operations --------------------------------------------------
@@ -248,6 +312,61 @@ class ConnectionPool:
             time.sleep(pause)
             pause = min(pause * 2, _RETRY_MAX_S)
 
+    def run_refusing_own_locks(
+        self,
+        probes: Probes,
+        refusal: Callable[[], Exception],
+        op: Callable[Concatenate[sqlite3.Connection, P], T],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """As :meth:`run`, but never wait for a lock that a connection of
+        this process holds: raise ``refusal()`` at once instead.
+
+        The holder may be the caller's own transaction (the application's
+        connection around ``enqueue_tx``), which cannot end before this
+        returns. ``op`` first runs with SQLite's busy handler off; if it
+        comes back busy and a lock of this process blocks it
+        (:func:`~alkstore_sqlite._locks.held_by_this_process` with
+        ``probes``), that is the refusal; otherwise (another process holds
+        the lock, or it was let go meanwhile, or the platform cannot tell)
+        it runs as :meth:`run` does, waiting up to the busy timeout.
+
+        Raises
+        ------
+        Exception
+            ``refusal()``, as above.
+        EngineError, StoreClosedError
+            As :meth:`run`.
+        """
+        self.guard.check()
+        with self._lock:
+            if self._closed:
+                raise StoreClosedError("the store is closed")
+            conn = self._idle.pop() if self._idle else None
+        try:
+            if conn is None:
+                # Setting a new connection up reads the file too.
+                conn = connect(self.path, 0.0, self.synchronous)
+            else:
+                conn.execute("PRAGMA busy_timeout = 0")
+        except sqlite3.Error as error:
+            if not is_busy(error):
+                raise engine_error(error, self.path) from error
+        else:
+            try:
+                return op(conn, *args, **kwargs)
+            except sqlite3.Error as error:
+                if not is_busy(error):
+                    raise engine_error(error, self.path) from error
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {_busy_timeout_ms(self.busy_timeout_s)}")
+                self._release(conn)
+        if held_by_this_process(self.path, probes):
+            raise refusal()
+        return self.run(op, *args, **kwargs)
+
     def transaction(
         self,
         op: Callable[Concatenate[sqlite3.Connection, P], T],
@@ -269,6 +388,11 @@ class ConnectionPool:
             If the pool was closed.
         """
         return self.run(run_in_transaction, op, *args, **kwargs)
+
+
+def _busy_timeout_ms(seconds: float) -> int:
+    # As sqlite3.connect(timeout=) sets it; SQLite takes a C int.
+    return min(int(seconds * 1000), 2**31 - 1)
 
 
 def run_in_transaction(
@@ -295,6 +419,31 @@ def run_in_transaction(
 # Every pool of this process, to close inherited connections after fork().
 _pools: weakref.WeakSet[ConnectionPool] = weakref.WeakSet()
 
+# One lock per database file (by real path) in this process, held while a
+# store prepares the file (SqliteStore._prepare) and while alkstore closes a
+# connection to it. Closing the last connection to a file checkpoints it
+# under SQLite's exclusive lock: a store preparing the file meanwhile would
+# find that lock held by this process and take it for its caller's
+# (ConnectionPool.run_refusing_own_locks). Re-entrant: preparing may close.
+_file_locks_lock = threading.Lock()
+_file_locks: dict[str, threading.RLock] = {}
+
+
+def file_lock(key: str) -> threading.RLock:
+    """The lock of the database file whose real path is ``key``."""
+    with _file_locks_lock:
+        lock = _file_locks.get(key)
+        if lock is None:
+            lock = _file_locks[key] = threading.RLock()
+        return lock
+
+
+def close_connection(conn: sqlite3.Connection, key: str) -> None:
+    """Close ``conn``, a connection to the file whose real path is ``key``,
+    under :func:`file_lock`."""
+    with file_lock(key):
+        conn.close()
+
 
 def close_inherited(conn: sqlite3.Connection) -> None:
     """Close a connection a forked child inherited (see
@@ -304,6 +453,9 @@ def close_inherited(conn: sqlite3.Connection) -> None:
 
 
 def _after_fork_in_child() -> None:
+    global _file_locks_lock, _file_locks
+    # Locks held by the parent's other threads would never be let go here.
+    _file_locks_lock, _file_locks = threading.Lock(), {}
     for pool in list(_pools):
         pool._after_fork_in_child()
 

@@ -130,7 +130,7 @@ def set_paused(queue: SqliteQueue, paused: bool) -> bool:
     wake_id = store._pool.transaction(_resume, queue.name)
     if wake_id is None:
         return False
-    notify_wake(store._file_key, queue.name, wake_id)
+    notify_wake(store._wake_key, queue.name, wake_id)
     return True
 
 
@@ -164,7 +164,7 @@ def requeue(queue: SqliteQueue, job_id: int, now: datetime, run_at: datetime) ->
     wake_id = store._pool.transaction(move_back, params)
     if wake_id is None:
         return False
-    notify_wake(store._file_key, queue.name, wake_id)
+    notify_wake(store._wake_key, queue.name, wake_id)
     return True
 
 

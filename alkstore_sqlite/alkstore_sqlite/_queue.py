@@ -325,11 +325,13 @@ class SqliteQueue(Queue):
             ids = pool.transaction(_insert_many, rows)
         # With the last id, so the file watcher recognises the commit as
         # delivered when it sees the same rows.
-        notify(self._store._file_key, self._name, ids[-1])
+        notify(self._store._wake_key, self._name, ids[-1])
         return ids
 
     def _insert_tx(self, conn: Any, resolved: Resolved, payload: EncodedPayload) -> int:
         cursor = self._tx_cursor(conn)
+        # The caller's connection, not the pool's: ask the guard here.
+        self._store._pool.guard.check()
         # One statement is atomic: if it fails, the caller's transaction is
         # left as it was.
         try:

@@ -156,7 +156,7 @@ def fire_schedule(
     job = job_row(schedule.queue, resolved, payload)
     job_id = store._pool.transaction(_fire, params, job)
     if job_id is not None:
-        notify(store._file_key, schedule.queue, job_id)
+        notify(store._wake_key, schedule.queue, job_id)
     return job_id
 
 

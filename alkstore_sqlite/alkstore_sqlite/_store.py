@@ -20,13 +20,19 @@ from alkstore.engine import (
     duration_s,
 )
 from alkstore.errors import SchemaVersionError, ValidationError
-from alkstore_sqlite import _operations, _schedules, _schema
-from alkstore_sqlite._connection import SYNCHRONOUS, ConnectionPool
+from alkstore_sqlite import _identity, _locks, _operations, _schedules, _schema
+from alkstore_sqlite._connection import (
+    SYNCHRONOUS,
+    ConnectionPool,
+    file_lock,
+    run_in_transaction,
+)
 from alkstore_sqlite._maintenance import maintenance_turn
 from alkstore_sqlite._queue import SqliteQueue
 from alkstore_sqlite._rows import to_us
 from alkstore_sqlite._subscription import SqliteSubscription
 from alkstore_sqlite._url import parse_url
+from alkstore_sqlite._wake import WatchKey
 
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT_S",
@@ -81,7 +87,11 @@ class SqliteStore(Store):
         For a bad option.
     SchemaVersionError
         If the schema is newer than this code, or missing or older with
-        ``migrate=False`` (SPEC §3 "Schema").
+        ``migrate=False`` (SPEC §3 "Schema"); or, at once, if the file needs
+        a write to be ready (no schema yet, an older one, not in WAL mode)
+        while a connection of this process holds a lock that the write
+        must wait for, such as the application's own open transaction.
+        Opening a file that is ready only reads it.
     EngineError
         If the database cannot be opened.
     """
@@ -113,26 +123,17 @@ class SqliteStore(Store):
         self._subscriptions: set[SqliteSubscription] = set()
         self._subscriptions_lock = threading.Lock()
         try:
-            self._pool.run(_set_wal)
             # The registry key of the wake detector: one per file, whatever
             # relative path or symlink named it.
             self._file_key = os.path.realpath(self._path)
-            if migrate:
-                self._migrate()
-            else:
-                found = self._pool.run(_schema.read_version)
-                check_schema_version(
-                    found, _schema.SCHEMA_VERSION, migrating=False, where=self._path
-                )
-                if found is not None and found < _schema.SCHEMA_VERSION:
-                    # This code's statements need the current schema.
-                    raise SchemaVersionError(
-                        f"the database schema is version {found}, older than this "
-                        f"code's {_schema.SCHEMA_VERSION}; open it with migrate=True "
-                        "or run `alkstore migrate`",
-                        found=found,
-                        expected=_schema.SCHEMA_VERSION,
-                    )
+            self._prepare(migrate)
+            # From here on the path must go on naming the files opened
+            # (_identity): a deleted or replaced file fails every operation.
+            self._pool.arm_guard()
+            opened = self._pool.guard.opened
+            assert opened is not None
+            self._opened = opened
+            self._wake_key: WatchKey = (self._file_key, opened.db)
         except BaseException:
             self._closed = True
             self._pool.close()
@@ -162,7 +163,67 @@ class SqliteStore(Store):
             self._subscriptions.discard(subscription)
 
     def _migrate(self) -> None:
-        self._pool.transaction(_schema.migrate, to_us(self._now()))
+        self._prepare(migrate=True)
+
+    def _prepare(self, migrate: bool) -> None:
+        """Make the file ready for this code: WAL mode and, with ``migrate``,
+        the current schema; otherwise check its version (SPEC §3 "Schema").
+
+        A file that is ready already is only read: no write lock, so
+        opening never waits for the application's transaction on the file
+        (a first ``enqueue_tx`` inside it opens the store). A file that
+        needs a write does not wait for a lock of this process either: the
+        holder may be that very transaction, so it raises
+        :class:`SchemaVersionError` at once, saying to open the store or run
+        ``alkstore migrate`` first. Other processes' locks are waited for
+        up to the busy timeout. Stores of this process prepare one file one
+        at a time, so they never take each other's locks for the caller's.
+        """
+        pool = self._pool
+        with file_lock(self._file_key):
+            # A store of this process whose files were replaced at this
+            # path removes what they left there before this one reads it.
+            _identity.settle(self._path)
+            found, journal_mode = pool.run_refusing_own_locks(
+                _locks.READ, lambda: self._refusal("read the schema version of"), _read_state
+            )
+            check_schema_version(found, _schema.SCHEMA_VERSION, migrating=migrate, where=self._path)
+            if journal_mode != "wal":
+                pool.run_refusing_own_locks(
+                    _locks.SWITCH_TO_WAL, lambda: self._refusal("switch to WAL mode"), _set_wal
+                )
+            if found == _schema.SCHEMA_VERSION:
+                return
+            if not migrate:
+                # This code's statements need the current schema.
+                raise SchemaVersionError(
+                    f"the database schema is version {found}, older than this "
+                    f"code's {_schema.SCHEMA_VERSION}; open it with migrate=True "
+                    "or run `alkstore migrate`",
+                    found=found,
+                    expected=_schema.SCHEMA_VERSION,
+                )
+            what = (
+                "create the alkstore schema in"
+                if found is None
+                else f"upgrade the alkstore schema (version {found}) to {_schema.SCHEMA_VERSION} in"
+            )
+            pool.run_refusing_own_locks(
+                _locks.WRITE,
+                lambda: self._refusal(what),
+                run_in_transaction,
+                _schema.migrate,
+                to_us(self._now()),
+            )
+
+    def _refusal(self, what: str) -> SchemaVersionError:
+        return SchemaVersionError(
+            f"cannot {what} {self._path!r}: a connection of this process holds a lock "
+            "on the database that this needs (a transaction is open on the file, perhaps "
+            "the one this call is part of), and waiting for it would wait for ourselves. "
+            "Open the store (alkstore.open, or App.store at start-up) or run "
+            "`alkstore migrate` before starting transactions on the file"
+        )
 
     def _schema_version(self) -> int | None:
         return self._pool.run(_schema.read_version)
@@ -214,9 +275,17 @@ class SqliteStore(Store):
         return maintenance_turn(self, task, interval_s)
 
 
+def _read_state(conn: sqlite3.Connection) -> tuple[int | None, str]:
+    """The schema version and the journal mode; reads only."""
+    # The version first: reading the file tells SQLite its journal mode.
+    version = _schema.read_version(conn)
+    mode: str = conn.execute("PRAGMA journal_mode").fetchone()[0]
+    return version, mode.lower()
+
+
 def _set_wal(conn: sqlite3.Connection) -> None:
     # WAL lets readers run beside the one writer; the setting is stored in
-    # the file, so this changes nothing after the first open.
+    # the file, so only the first open of a file changes it.
     conn.execute("PRAGMA journal_mode = WAL").fetchone()
 
 

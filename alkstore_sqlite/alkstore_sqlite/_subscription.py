@@ -21,7 +21,9 @@ class SqliteSubscription(Subscription):
     Enqueues, resumes and requeues by this process's stores wake it at
     once; commits by other processes and ``enqueue_tx`` commits wake it
     within about one poll interval of the store's file watcher
-    (``poll_interval_s``).
+    (``poll_interval_s``). If the store's database file is deleted or
+    replaced, :meth:`wait` raises ``EngineError(permanent=True)`` within a
+    quarter of a second, however long its timeout.
     """
 
     _store: SqliteStore
@@ -32,21 +34,30 @@ class SqliteSubscription(Subscription):
         # Jobs (and resumes and requeues) committed after this read wake
         # the subscription.
         latest_id, latest_wake_id = store._pool.run(_read_latest_ids)
-        _wake.subscribe(
-            store._file_key,
+        self._watch = _wake.subscribe(
+            store._wake_key,
             queue_name,
             self._latch,
             latest_id,
             latest_wake_id,
+            opened=store._opened,
             poll_interval_s=store._poll_interval_s,
             busy_timeout_s=store._busy_timeout_s,
         )
 
     def _wait(self, timeout_s: float) -> bool:
-        return self._latch.wait(timeout_s)
+        woken = self._latch.wait(timeout_s)
+        # A watcher that saw the store's files go woke everyone: the guard
+        # then compares at once, and raises (SPEC §2 "Errors").
+        guard = self._store._pool.guard
+        if self._watch.vanished:
+            guard.check_now()
+        else:
+            guard.check()
+        return woken
 
     def _close(self) -> None:
-        _wake.unsubscribe(self._store._file_key, self._queue_name, self._latch)
+        _wake.unsubscribe(self._store._wake_key, self._queue_name, self._latch)
         self._store._forget_subscription(self)
         # Release a thread blocked in wait(); its next wait() raises.
         self._latch.set()

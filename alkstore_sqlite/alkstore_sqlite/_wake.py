@@ -50,13 +50,15 @@ import threading
 import time
 
 from alkstore.engine import WakeLatch
-from alkstore_sqlite._connection import close_inherited, connect
+from alkstore_sqlite._connection import close_connection, close_inherited, connect
+from alkstore_sqlite._identity import CHECK_INTERVAL_S, FileIdentity
 from alkstore_sqlite._inotify import FileEvents, watch_file
 
 __all__ = [
     "LATEST_ID",
     "LATEST_IDS",
     "FileWatch",
+    "WatchKey",
     "notify",
     "notify_wake",
     "record_wake",
@@ -92,6 +94,10 @@ _NEW_WAKES = "SELECT queue, id FROM _alkstore_wakes WHERE id > ?"
 # Deletes the queue's row and inserts one with the next id.
 _RECORD_WAKE = "INSERT OR REPLACE INTO _alkstore_wakes (queue) VALUES (?)"
 
+#: What a watch serves: the database file's real path and its (device,
+#: inode) when the store opened it.
+WatchKey = tuple[str, tuple[int, int] | None]
+
 
 def record_wake(conn: sqlite3.Connection, queue: str) -> int:
     """Record a wake of ``queue`` for the watchers of every process, inside
@@ -108,16 +114,30 @@ class FileWatch:
 
     Parameters
     ----------
-    path
-        The database file (its real path: the registry's key).
+    key
+        The database file's real path and identity (the registry's key).
+    opened
+        The files as the store that started the watch opened them.
     poll_interval_s
         Seconds between two polls of ``PRAGMA data_version``.
     busy_timeout_s
         The watcher connection's busy timeout, seconds.
+
+    Attributes
+    ----------
+    vanished
+        Set (for good) once the watcher saw the files at the path differ
+        from ``opened``; subscriptions then ask their store's guard at every
+        wait.
     """
 
-    def __init__(self, path: str, poll_interval_s: float, busy_timeout_s: float) -> None:
-        self.path = path
+    def __init__(
+        self, key: WatchKey, opened: FileIdentity, poll_interval_s: float, busy_timeout_s: float
+    ) -> None:
+        self.path = key[0]
+        self.opened = opened
+        self.vanished = False
+        self._next_identity_check = 0.0
         self.poll_interval_s = poll_interval_s
         self.busy_timeout_s = busy_timeout_s
         self.lock = threading.Lock()
@@ -144,7 +164,7 @@ class FileWatch:
         # Without inotify: the current pause between two looks (seconds).
         self.pause_s = poll_interval_s
         self._thread = threading.Thread(
-            target=self._run, name=f"alkstore-sqlite-watch {path}", daemon=True
+            target=self._run, name=f"alkstore-sqlite-watch {self.path}", daemon=True
         )
 
     # -- bookkeeping, under the registry lock --------------------------------
@@ -208,7 +228,7 @@ class FileWatch:
 
     def start(self) -> None:
         # Watch before the first look, so no write between the two is missed.
-        self._events = watch_file(self.path + "-wal")
+        self._events = watch_file(self.path + "-wal", (self.path, self.path + "-shm"))
         self._thread.start()
 
     def _wake_thread(self) -> None:
@@ -255,16 +275,19 @@ class FileWatch:
         active_until = 0.0
         try:
             while not self._stopping:
+                self._compare_files()
+                changed = False
                 try:
                     with self.sqlite_lock:
-                        if self.conn is None:
-                            self.conn = connect(self.path, self.busy_timeout_s)
+                        if self.conn is None and not self.vanished:
+                            self.conn = self._connect_opened()
                             last_version = None
-                        version = self.conn.execute("PRAGMA data_version").fetchone()[0]
-                        changed = version != last_version
-                        if changed or self._rescan:
-                            last_version = version
-                            self._scan(self.conn)
+                        if self.conn is not None:
+                            version = self.conn.execute("PRAGMA data_version").fetchone()[0]
+                            changed = version != last_version
+                            if changed or self._rescan:
+                                last_version = version
+                                self._scan(self.conn)
                 except sqlite3.Error:
                     log.warning(
                         "alkstore-sqlite watcher on %s failed; reconnecting",
@@ -279,11 +302,40 @@ class FileWatch:
         finally:
             self._close_conn()
 
+    def _connect_opened(self) -> sqlite3.Connection | None:
+        """A connection to the opened file; ``None`` (and the watch marked
+        vanished) if the path names another one now, checked before the
+        connection reads anything (see ``ConnectionPool._acquire``). Under
+        sqlite_lock."""
+
+        def check() -> None:
+            if FileIdentity.of(self.path).db != self.opened.db:
+                raise _Vanished
+
+        try:
+            return connect(self.path, self.busy_timeout_s, before_first_read=check)
+        except _Vanished:
+            self.vanished = True
+            self.wake_all()
+            return None
+
+    def _compare_files(self) -> None:
+        """Compare the files at the path with the opened ones, if due or if
+        inotify saw one move; wake everyone at the first change."""
+        moved = self._events is not None and self._events.take_moved()
+        now = time.monotonic()
+        if self.vanished or not (moved or now >= self._next_identity_check):
+            return
+        self._next_identity_check = now + CHECK_INTERVAL_S
+        if FileIdentity.of(self.path).change_from(self.opened) is not None:
+            self.vanished = True
+            self.wake_all()
+
     def _close_conn(self) -> None:
         with self.sqlite_lock:
             conn, self.conn = self.conn, None
             if conn is not None:
-                conn.close()
+                close_connection(conn, self.path)
 
     def after_fork_in_child(self) -> None:
         """Close what the watcher held; its thread did not survive fork().
@@ -320,34 +372,42 @@ class FileWatch:
                 )
 
 
+class _Vanished(Exception):
+    """The path no longer names the watched file."""
+
+
 class _Registry:
-    """The watches of this process, keyed by the database file's real path."""
+    """The watches of this process, by :data:`WatchKey`."""
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
         self.lock = threading.Lock()
-        self.watches: dict[str, FileWatch] = {}
+        self.watches: dict[WatchKey, FileWatch] = {}
 
 
 _registry = _Registry()
 
 
 def subscribe(
-    path: str,
+    key: WatchKey,
     queue: str,
     latch: WakeLatch,
     latest_id: int,
     latest_wake_id: int,
     *,
+    opened: FileIdentity,
     poll_interval_s: float,
     busy_timeout_s: float,
-) -> None:
-    """Register ``latch`` for wakes of ``queue`` on the file ``path``.
+) -> FileWatch:
+    """Register ``latch`` for wakes of ``queue`` on the file of ``key``;
+    return the watch that serves it.
 
     Parameters
     ----------
+    opened
+        The files as the subscribing store opened them.
     latest_id, latest_wake_id
         :data:`LATEST_IDS` read before this call: jobs and wake records
         above them wake the latch.
@@ -356,38 +416,40 @@ def subscribe(
         also shortens a running watcher's.
     """
     with _registry.lock:
-        watch = _registry.watches.get(path)
+        watch = _registry.watches.get(key)
         started = watch is None
         if watch is None:
-            watch = _registry.watches[path] = FileWatch(path, poll_interval_s, busy_timeout_s)
+            watch = FileWatch(key, opened, poll_interval_s, busy_timeout_s)
+            _registry.watches[key] = watch
         watch.poll_interval_s = min(watch.poll_interval_s, poll_interval_s)
         watch.add(queue, latch, latest_id, latest_wake_id)
         if started:
             watch.start()
+        return watch
 
 
-def unsubscribe(path: str, queue: str, latch: WakeLatch) -> None:
+def unsubscribe(key: WatchKey, queue: str, latch: WakeLatch) -> None:
     """Drop ``latch``; the last one on a file stops its watcher."""
     with _registry.lock:
-        watch = _registry.watches.get(path)
+        watch = _registry.watches.get(key)
         if watch is None or not watch.remove(queue, latch):
             return
-        del _registry.watches[path]
+        del _registry.watches[key]
     watch.stop()
 
 
-def notify(path: str, queue: str, job_id: int) -> None:
+def notify(key: WatchKey, queue: str, job_id: int) -> None:
     """Wake this process's subscriptions of ``queue`` after an enqueue whose
     last job is ``job_id`` committed."""
-    watch = _registry.watches.get(path)
+    watch = _registry.watches.get(key)
     if watch is not None:
         watch.deliver(queue, job_id)
 
 
-def notify_wake(path: str, queue: str, wake_id: int) -> None:
+def notify_wake(key: WatchKey, queue: str, wake_id: int) -> None:
     """Wake this process's subscriptions of ``queue`` after a transaction
     that :func:`record_wake` returned ``wake_id`` in committed."""
-    watch = _registry.watches.get(path)
+    watch = _registry.watches.get(key)
     if watch is not None:
         watch.deliver_wake(queue, wake_id)
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sqlite3
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from multiprocessing.synchronize import Barrier
+from multiprocessing.process import BaseProcess
+from multiprocessing.synchronize import Barrier, Event
 from typing import Any
 
 import alkstore
@@ -53,6 +55,72 @@ def run_children(target: Callable[..., Any], args: Sequence[Sequence[Any]]) -> l
 def barrier(parties: int) -> Barrier:
     """A barrier that spawned children can inherit."""
     return multiprocessing.get_context("spawn").Barrier(parties)
+
+
+def event() -> Event:
+    """An event that spawned children can inherit."""
+    return multiprocessing.get_context("spawn").Event()
+
+
+def start_child(target: Callable[..., Any], args: Sequence[Any]) -> BaseProcess:
+    """Start ``target(*args)`` in a spawned process and return it; the
+    caller joins it and checks its exit code."""
+    process = multiprocessing.get_context("spawn").Process(target=target, args=tuple(args))
+    process.start()
+    return process
+
+
+def hold_write_lock(path: str, held: Event, release: Event) -> None:
+    """Hold the write lock of the database ``path`` until ``release``."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        held.set()
+        if not release.wait(CHILD_TIMEOUT_S):
+            raise TimeoutError("never released")
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+
+
+def enqueue_one(url: str, queue: str, payload: Any) -> int:
+    """Open a store, enqueue ``payload`` and close it."""
+    with alkstore.open(url) as store:
+        return store.queue(queue).enqueue(payload)
+
+
+def pending_payloads(url: str, queue: str) -> list[Any]:
+    """The payloads of the jobs ``queue`` holds, in claim order (claimed
+    and never acked)."""
+    with alkstore.open(url) as store:
+        return [handle.payload for handle in store.queue(queue).claim_batch("check", 1000)]
+
+
+def drain_until_refused(url: str, ready: Event, changed: Event, report: str) -> None:
+    """Claim and ack until the store refuses (its file replaced once
+    ``changed`` is set); write whether the error was permanent and its
+    message to ``report``."""
+    import time
+
+    with alkstore.open(url) as store:
+        queue = store.queue("q")
+        queue.enqueue_many(list(range(1000)))
+        ready.set()
+        if not changed.wait(CHILD_TIMEOUT_S):
+            raise TimeoutError("never changed")
+        deadline = time.monotonic() + CHILD_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                handle = queue.claim_one("child")
+                if handle is not None:
+                    handle.ack()
+                else:
+                    queue.stats()
+            except alkstore.EngineError as error:
+                with open(report, "w") as out:
+                    out.write(f"{error.permanent}\n{error}")
+                return
+        raise TimeoutError("the store never refused")
 
 
 def open_at_once(url: str, barrier: Barrier) -> str:

@@ -278,18 +278,19 @@ def test_a_late_subscription_gets_wakes_the_watcher_passed(store: SqliteStore) -
         assert watch.wakes_looked_up_to == wakes_before + 1
         latch = WakeLatch()
         _wake.subscribe(
-            watch.path,
+            store._wake_key,
             "b",
             latch,
             jobs_before,
             wakes_before,
+            opened=store._opened,
             poll_interval_s=0.001,
             busy_timeout_s=5,
         )
         try:
             assert latch.wait(5)
         finally:
-            _wake.unsubscribe(watch.path, "b", latch)
+            _wake.unsubscribe(store._wake_key, "b", latch)
 
 
 def test_requeue_restores_the_row_with_its_old_id(

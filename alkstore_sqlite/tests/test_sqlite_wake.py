@@ -124,12 +124,19 @@ def test_a_late_subscription_gets_jobs_the_watcher_passed(store: SqliteStore) ->
         wakes = watch.wakes_looked_up_to
         assert wakes is not None
         _wake.subscribe(
-            watch.path, "b", latch, before, wakes, poll_interval_s=0.001, busy_timeout_s=5
+            store._wake_key,
+            "b",
+            latch,
+            before,
+            wakes,
+            opened=store._opened,
+            poll_interval_s=0.001,
+            busy_timeout_s=5,
         )
         try:
             assert latch.wait(5)
         finally:
-            _wake.unsubscribe(watch.path, "b", latch)
+            _wake.unsubscribe(store._wake_key, "b", latch)
 
 
 def test_one_watcher_per_file_stopped_with_the_last_subscription(
@@ -220,7 +227,7 @@ def test_watcher_survives_a_failing_connection(
 def test_without_inotify_the_watcher_polls(
     store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_wake, "watch_file", lambda path: None)
+    monkeypatch.setattr(_wake, "watch_file", lambda path, companions=(): None)
     with store.listen("q") as sub:
         (watch,) = _wake._registry.watches.values()
         assert watch._events is None
@@ -240,7 +247,7 @@ def _until(condition: Callable[[], bool], timeout_s: float = 5) -> bool:
 def test_without_inotify_an_idle_watcher_backs_off(
     store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_wake, "watch_file", lambda path: None)
+    monkeypatch.setattr(_wake, "watch_file", lambda path, companions=(): None)
     with store.listen("q") as sub:
         (watch,) = _wake._registry.watches.values()
         # Quiet: the pause doubles up to the ceiling ...
