@@ -4,7 +4,7 @@ Open a store with :func:`open` (embedded SQLite by default, PostgreSQL by
 URL), take a :class:`Queue` with :meth:`Store.queue`, enqueue payloads and
 claim them as :class:`JobHandle` objects; or register functions as tasks on an
 :class:`App` and run them with a :class:`Worker` (``alkstore worker``). The
-binding contract is SPEC.md; ``docs/`` explains it.
+contract every engine keeps is docs/contract.md.
 """
 
 from __future__ import annotations

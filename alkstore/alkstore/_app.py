@@ -197,7 +197,7 @@ class App:
         Raises
         ------
         ValidationError
-            For a name outside SPEC §3's rule.
+            For a name outside docs/contract.md §3's rule.
         """
         with self._lock:
             queue = self._queues.get(name)
@@ -298,7 +298,7 @@ class App:
         Raises
         ------
         ValidationError
-            For a name outside SPEC §3's rule.
+            For a name outside docs/contract.md §3's rule.
         """
         return Outbox(self.queue(queue))
 

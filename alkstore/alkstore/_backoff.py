@@ -1,4 +1,4 @@
-"""The retry backoff curve (SPEC §3 "Backoff").
+"""The retry backoff curve (docs/contract.md §3 "Backoff").
 
 Equal-jitter exponential backoff over whole seconds: with ``attempt`` the
 job's post-claim attempt count (1-based)::

@@ -1,4 +1,4 @@
-"""The injected clock (SPEC §3 "Time")."""
+"""The injected clock (docs/contract.md §3 "Time")."""
 
 from __future__ import annotations
 

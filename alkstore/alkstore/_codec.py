@@ -1,4 +1,4 @@
-"""The payload codec: one encoder for every engine (SPEC §3 "Payload").
+"""The payload codec: one encoder for every engine (docs/contract.md §3 "Payload").
 
 ``bytes`` are stored verbatim as ``application/octet-stream``; anything else
 must be strict JSON and is stored as compact UTF-8 ``application/json``.

@@ -1,4 +1,4 @@
-"""The :class:`JobHandle` ABC: one claim of one job (SPEC §3 "Claim identity
+"""The :class:`JobHandle` ABC: one claim of one job (docs/contract.md §3 "Claim identity
 and handle validity")."""
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ class JobHandle(abc.ABC):
         """Put the job back to run again, or dead-letter it at its budget.
 
         Below the budget (``attempts < max_attempts``) the job returns to
-        pending at ``now + delay`` (default: the backoff of SPEC §3
+        pending at ``now + delay`` (default: the backoff of docs/contract.md §3
         "Backoff" from the row's stamps), with ``last_error = error`` and
         ``attempts`` unchanged. At the budget it moves to the dead table with
         ``last_error = "max attempts exceeded"``.
@@ -128,7 +128,7 @@ class JobHandle(abc.ABC):
         Parameters
         ----------
         error
-            The error text (SPEC §3 "Error text").
+            The error text (docs/contract.md §3 "Error text").
         delay
             Seconds or ``timedelta``, ``>= 0``.
 

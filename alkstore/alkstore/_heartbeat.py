@@ -3,7 +3,7 @@
 
 Each running job is heartbeaten every third of its own visibility timeout
 (the row's stamp, ``JobHandle.visibility_timeout_s``), so two beats can be
-late or fail before its claim lapses (SPEC §3: a claim lapses at
+late or fail before its claim lapses (docs/contract.md §3: a claim lapses at
 ``now >= claim_deadline``; ``heartbeat()`` resets it to ``now +`` the row's
 visibility timeout). This is the lease renewal of SQS's
 ``ChangeMessageVisibility`` and River's job heartbeats, done for the handler

@@ -1,5 +1,5 @@
 """Read-only values the contract returns: :class:`Job`, :class:`SweepResult`,
-:class:`QueueStats` (SPEC §2)."""
+:class:`QueueStats` (docs/contract.md §2)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ JobState = Literal["pending", "processing", "dead"]
 
 @dataclass(frozen=True)
 class Job:
-    """A snapshot of one job, showing resolved values (SPEC §2 "Job").
+    """A snapshot of one job, showing resolved values (docs/contract.md §2 "Job").
 
     Every datetime is timezone-aware UTC with microsecond precision; every
     duration is seconds. ``died_at`` is ``None`` on live rows; a dead row
@@ -48,7 +48,7 @@ class Job:
     @cached_property
     def payload(self) -> Any:
         """The decoded payload: ``bytes`` for ``application/octet-stream``,
-        else the JSON value (SPEC §3 "Payload"). Decoded on first read, so a
+        else the JSON value (docs/contract.md §3 "Payload"). Decoded on first read, so a
         claim of many jobs does not pay for payloads nobody reads."""
         return decode_payload(self.payload_bytes, self.content_type)
 
@@ -79,7 +79,7 @@ class SweepResult(NamedTuple):
 
 
 class QueueStats(NamedTuple):
-    """Row counts of one queue at one instant (SPEC §3 "stats()").
+    """Row counts of one queue at one instant (docs/contract.md §3 "stats()").
 
     ``pending``: pending with ``run_at <= now`` (expired but unswept
     included); ``scheduled``: pending with ``run_at > now``;

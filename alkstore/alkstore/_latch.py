@@ -1,4 +1,4 @@
-"""A level-triggered wake latch for subscriptions (SPEC §3 "Wake")."""
+"""A level-triggered wake latch for subscriptions (docs/contract.md §3 "Wake")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """What a worker knows of the claims it holds: the lease (docs/tasks-and-workers.md
 "Heartbeats").
 
-A claim holds until its ``claim_deadline`` (SPEC §3 "Claim identity and
+A claim holds until its ``claim_deadline`` (docs/contract.md §3 "Claim identity and
 handle validity"). The worker and the outbox relay track, for each job they
 hold, when that is: on the store's clock (the deadline the claim or the last
 heartbeat set) and on the monotonic clock (the instant before that call plus

@@ -1,4 +1,4 @@
-"""Per-queue options (SPEC §2 "QueueOpts")."""
+"""Per-queue options (docs/contract.md §2 "QueueOpts")."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from alkstore.errors import ValidationError
 
 __all__ = ["MAX_BACKOFF_CAP_S", "QueueOpts"]
 
-#: The largest ``backoff_cap_s`` accepted: one hour (SPEC §2).
+#: The largest ``backoff_cap_s`` accepted: one hour (docs/contract.md §2).
 MAX_BACKOFF_CAP_S = 3600
 
 
 def _whole_seconds(value: object, what: str, high: float) -> int:
-    # Any duration form (SPEC §2), as long as it is a whole number of seconds.
+    # Any duration form (docs/contract.md §2), as long as it is a whole number of seconds.
     if isinstance(value, (timedelta, float)):
         seconds = v.duration_s(value, what)
         if seconds != int(seconds):
@@ -26,7 +26,7 @@ def _whole_seconds(value: object, what: str, high: float) -> int:
 
 @dataclass(frozen=True)
 class QueueOpts:
-    """Options of a queue handle, validated on construction (SPEC §2).
+    """Options of a queue handle, validated on construction (docs/contract.md §2).
 
     Durations are seconds (``int``/``float``) or ``timedelta``; they are
     normalised to seconds, so the fields always read as numbers.

@@ -75,7 +75,7 @@ class Outbox:
         """Write ``message`` inside the caller's open transaction on ``conn``.
 
         Commit makes it visible and wakes relays; rollback leaves nothing
-        (SPEC §3 "Transactional enqueue"). alkstore never commits ``conn``.
+        (docs/contract.md §3 "Transactional enqueue"). alkstore never commits ``conn``.
 
         Parameters
         ----------
@@ -84,7 +84,7 @@ class Outbox:
             (``sqlite3.Connection`` on the store's file,
             ``psycopg.Connection`` on its database).
         message
-            A payload (SPEC §3 "Payload").
+            A payload (docs/contract.md §3 "Payload").
         options
             :meth:`Queue.enqueue`'s keywords (``delay``, ``priority``, ...).
 
@@ -251,7 +251,7 @@ class Outbox:
             Set it from another thread to return after the current batch.
         poll_interval_s
             Seconds, ``> 0``: the longest wait between polls when no wake
-            arrives (SPEC §3 "Wake": wakes are hints).
+            arrives (docs/contract.md §3 "Wake": wakes are hints).
 
         Returns
         -------
@@ -264,7 +264,7 @@ class Outbox:
             ``EngineError`` from a claim is logged and retried after the
             poll interval instead, unless it is ``permanent``.
         EngineError
-            A permanent one (the database cannot be written, SPEC §2
+            A permanent one (the database cannot be written, docs/contract.md §2
             "Errors"): retrying could not help.
         """
         poll_s = v.duration_s(poll_interval_s, "poll_interval_s", positive=True)

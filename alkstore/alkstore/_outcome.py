@@ -20,7 +20,7 @@ __all__ = ["Fail", "Retry", "describe_exception", "retry_or_bury"]
 
 class Fail(Exception):
     """Raise from a task to dead-letter its job at once, whatever attempts
-    remain (the worker calls :meth:`JobHandle.fail`, SPEC §3).
+    remain (the worker calls :meth:`JobHandle.fail`, docs/contract.md §3).
 
     Use it for errors that no retry can fix: a malformed argument, a record
     that no longer exists.
@@ -51,7 +51,7 @@ class Fail(Exception):
 
 class Retry(Exception):
     """Raise from a task to put its job back to run again after ``delay``
-    (the worker calls :meth:`JobHandle.retry`, SPEC §3).
+    (the worker calls :meth:`JobHandle.retry`, docs/contract.md §3).
 
     The retry consumes the attempt the job was claimed with: at its
     ``max_attempts`` the job is dead-lettered instead, its ``last_error``
@@ -64,13 +64,13 @@ class Retry(Exception):
         Stored as the job's ``last_error``.
     delay
         Seconds (``int``/``float``) or ``timedelta``, ``>= 0``; ``None``
-        uses the queue's backoff (SPEC §3 "Backoff"), as an unexpected
+        uses the queue's backoff (docs/contract.md §3 "Backoff"), as an unexpected
         exception does.
 
     Raises
     ------
     ValidationError
-        For a ``delay`` outside SPEC §2's duration rule, or a ``message``
+        For a ``delay`` outside docs/contract.md §2's duration rule, or a ``message``
         that is not a ``str``. Raised inside a handler, that error is itself
         an unexpected exception, so the job is retried with backoff.
     """
@@ -96,7 +96,7 @@ def retry_or_bury(handle: JobHandle, error: str, delay_s: float | None = None) -
     keeping the error that spent it.
 
     :meth:`JobHandle.retry` at the budget stores only ``"max attempts
-    exceeded"`` (SPEC §3); the worker and the outbox relay, which know the
+    exceeded"`` (docs/contract.md §3); the worker and the outbox relay, which know the
     error, call :meth:`JobHandle.fail` instead with ``"max attempts
     exceeded; last error: <error>"``, so the dead row says why, as Oban's and
     River's keep each attempt's error. The job ends dead either way.
@@ -106,7 +106,7 @@ def retry_or_bury(handle: JobHandle, error: str, delay_s: float | None = None) -
     handle
         A claimed job; its ``attempts`` is the claim's (post-claim) count.
     error
-        The ``last_error`` text (capped at 65,536 characters, SPEC §3).
+        The ``last_error`` text (capped at 65,536 characters, docs/contract.md §3).
     delay_s
         Seconds until the retry runs; ``None`` is the queue's backoff.
 

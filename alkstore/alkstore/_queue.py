@@ -1,4 +1,4 @@
-"""The :class:`Queue` ABC: the operations on one named queue (SPEC §2, §3)."""
+"""The :class:`Queue` ABC: the operations on one named queue (docs/contract.md §2, §3)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ __all__ = ["Queue"]
 
 
 class Queue(abc.ABC):
-    """A handle on one named queue of a store (SPEC §2).
+    """A handle on one named queue of a store (docs/contract.md §2).
 
     Obtain one with :meth:`Store.queue`. Every operation sees only this
     queue's rows: a job id from another queue behaves as unknown. Every
@@ -84,7 +84,7 @@ class Queue(abc.ABC):
         Parameters
         ----------
         payload
-            ``bytes`` (stored verbatim) or a strict-JSON value (SPEC §3
+            ``bytes`` (stored verbatim) or a strict-JSON value (docs/contract.md §3
             "Payload").
         delay
             Seconds or ``timedelta`` from now until the job is due; wins over
@@ -150,7 +150,7 @@ class Queue(abc.ABC):
         StoreClosedError, ValidationError, EngineError
             As :meth:`enqueue`; a refused item means nothing is written.
         """
-        self._store._check_open()  # before validating payloads (SPEC §3 "Closed store")
+        self._store._check_open()  # before validating payloads (docs/contract.md §3 "Closed store")
         if not v.is_collection(payloads):
             raise ValidationError("payloads must be an iterable of payloads (a list)")
         resolved, encoded = self._prepare(
@@ -178,7 +178,7 @@ class Queue(abc.ABC):
         max_attempts: object = None,
         expires: object = None,
     ) -> int:
-        """Add one job inside the caller's open transaction (SPEC §3
+        """Add one job inside the caller's open transaction (docs/contract.md §3
         "Transactional enqueue").
 
         alkstore never commits or rolls back ``conn``: the caller's commit
@@ -229,7 +229,7 @@ class Queue(abc.ABC):
 
     def claim_batch(self, worker_id: str, n: int) -> list[JobHandle]:
         """Claim up to ``n`` eligible jobs, exactly once under any concurrency
-        (SPEC §3 "Claim").
+        (docs/contract.md §3 "Claim").
 
         Eligible: pending, due (``run_at <= now``) and not expired; or
         processing with a lapsed claim, attempts below ``max_attempts`` and
@@ -267,7 +267,7 @@ class Queue(abc.ABC):
 
     def ack_batch(self, job_ids: Iterable[int]) -> int:
         """Ack (delete) every listed job of this queue whose claim is valid:
-        processing and not lapsed, whoever holds it (SPEC §3 "ack_batch").
+        processing and not lapsed, whoever holds it (docs/contract.md §3 "ack_batch(ids)").
 
         Returns
         -------
@@ -302,19 +302,19 @@ class Queue(abc.ABC):
         """Move this queue's expired rows (pending or processing) to the dead
         table with ``last_error = "expired"``, then purge dead rows older than
         this handle's ``opts.dead_letter_retention_s`` (``None`` keeps them).
-        Safe to run from many processes at once (SPEC §3 "sweep_expired()").
+        Safe to run from many processes at once (docs/contract.md §3 "sweep_expired()").
         """
         self._store._check_open()
         return self._sweep_expired(self._opts.dead_letter_retention_s)
 
     def stats(self) -> QueueStats:
-        """Count this queue's rows by state at one instant (SPEC §3 "stats()")."""
+        """Count this queue's rows by state at one instant (docs/contract.md §3 "stats()")."""
         self._store._check_open()
         return self._stats()
 
     def lapsed_claims(self) -> int:
         """Count this queue's processing jobs whose claim has lapsed
-        (``now >= claim_deadline``, SPEC §3 "Boundaries") at one instant:
+        (``now >= claim_deadline``, docs/contract.md §3 "Boundaries") at one instant:
         their worker died, hung or lost the database for longer than the
         visibility timeout. The next claim takes each back (a reclaim), or
         dead-letters it when its attempts are spent. They are part of
@@ -444,7 +444,7 @@ class Queue(abc.ABC):
 
     def purge_dead(self, older_than: object = None) -> int:
         """Delete this queue's dead jobs that died at least ``older_than``
-        ago (SPEC §3's retention rule: ``died_at + older_than <= now``);
+        ago (docs/contract.md §3's retention rule: ``died_at + older_than <= now``);
         ``None`` deletes them all.
 
         Returns

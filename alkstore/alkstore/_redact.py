@@ -1,5 +1,5 @@
 """Passwords out of URLs before they reach a message, a log line or a
-``repr`` (SPEC §1 URLs).
+``repr`` (docs/contract.md §1 URLs).
 
 A libpq URI can carry a password in two places: its user part
 (``postgresql://user:secret@host/db``) and its query string

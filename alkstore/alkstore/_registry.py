@@ -1,4 +1,4 @@
-"""Engine discovery by URL scheme (SPEC §1).
+"""Engine discovery by URL scheme (docs/contract.md §1).
 
 Lookup order, after SQLAlchemy's plugin loader: engines registered in this
 process with :func:`register`, then the ``alkstore.engines`` entry points.
@@ -107,7 +107,7 @@ def _install_hint(scheme: str, *, again: bool = False) -> str:
 
 
 def open(url: str | None = None, **engine_options: Any) -> Store:
-    """Open a store, choosing the engine by the URL's scheme (SPEC §1).
+    """Open a store, choosing the engine by the URL's scheme (docs/contract.md §1).
 
     Parameters
     ----------

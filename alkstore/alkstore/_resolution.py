@@ -1,4 +1,4 @@
-"""Option resolution for enqueue (SPEC §3 "Option resolution").
+"""Option resolution for enqueue (docs/contract.md §3 "Option resolution").
 
 Two pure steps that every engine shares: :func:`enqueue_options` checks the
 per-call arguments before anything else happens, and :func:`resolve` turns
@@ -55,7 +55,7 @@ def enqueue_options(
     max_attempts: object = None,
     expires: object = None,
 ) -> EnqueueOptions:
-    """Check enqueue's keyword arguments (SPEC §2, §3 "Validation").
+    """Check enqueue's keyword arguments (docs/contract.md §2, §3 "Validation").
 
     Parameters
     ----------

@@ -9,7 +9,7 @@ Reading a stored row never raises: a row this version cannot fire as it
 was written (its options, spec, zone, queue or payload refused here, or an
 option it does not know, saved by a newer release) reads as an
 :class:`UnreadableSchedule` naming the reason, so one bad row stops no
-listing and no tick (handed case 014; docs/decisions.md D27). Options are
+listing and no tick (regression case 014; docs/decisions.md D27). Options are
 written sparsely for the same reason: a queue option at its default is
 left out, so a release that adds an option makes no row unreadable to the
 release before it unless a schedule sets that option.
@@ -104,7 +104,7 @@ class Schedule:
 
     @cached_property
     def payload(self) -> Any:
-        """The decoded payload (SPEC §3 "Payload")."""
+        """The decoded payload (docs/contract.md §3 "Payload")."""
         return decode_payload(self.payload_bytes, self.content_type)
 
     @property
@@ -187,7 +187,7 @@ _OPTION_DEFAULTS: Mapping[str, object] = {
 _DEFAULT_QUEUE_OPTS: Mapping[str, object] = {
     f.name: getattr(QueueOpts(), f.name) for f in fields(QueueOpts)
 }
-#: Payload content types this version decodes (SPEC §3 "Payload").
+#: Payload content types this version decodes (docs/contract.md §3 "Payload").
 _CONTENT_TYPES = (JSON, OCTET_STREAM)
 #: Said of what this version does not know.
 _NEWER = "saved by a newer alkstore?"
@@ -226,7 +226,7 @@ def read_schedule(values: Sequence[Any]) -> Schedule | UnreadableSchedule:
 
     Never raises for what the row's spec, zone, queue, payload, content
     type or options hold: a row this version cannot fire as written
-    becomes an :class:`UnreadableSchedule` with the reason (handed case
+    becomes an :class:`UnreadableSchedule` with the reason (regression case
     014; docs/decisions.md D27). A schedule option the row leaves out
     takes its default; an option this version does not know makes the row
     unreadable rather than being ignored, since firing without it would

@@ -74,7 +74,7 @@ class Scheduler:
         boundaries missed during an outage fire at most once together. The
         job is due at its boundary (``run_at``), so a late one sorts first.
 
-        One schedule that cannot fire stops no other (handed case 014): a
+        One schedule that cannot fire stops no other (regression case 014): a
         stored row this version cannot read, a spec or zone this host
         cannot evaluate, or a fire that fails (its job's insert refused, a
         lock held too long) skips that schedule alone, which keeps its

@@ -34,7 +34,7 @@ log = logging.getLogger("alkstore")
 
 
 class Store(abc.ABC):
-    """A connection to one alkstore database (SPEC §2).
+    """A connection to one alkstore database (docs/contract.md §2).
 
     Obtain one with :func:`alkstore.open`. A store, its queues and its
     subscriptions may be used from many threads at once. It is a context
@@ -50,7 +50,7 @@ class Store(abc.ABC):
     ----------
     clock
         ``None`` for the engine's own time source, or a callable returning an
-        aware ``datetime`` from which every instant is then taken (SPEC §3
+        aware ``datetime`` from which every instant is then taken (docs/contract.md §3
         "Time").
     rng
         The random source for backoff jitter (an object with
@@ -87,7 +87,7 @@ class Store(abc.ABC):
         return self._rng
 
     def queue(self, name: str, opts: QueueOpts | None = None) -> Queue:
-        """Return a handle on the queue ``name``; no I/O (SPEC §2).
+        """Return a handle on the queue ``name``; no I/O (docs/contract.md §2).
 
         Queues are names, not registered objects: every handle on a name
         sees the same jobs; ``opts`` are stamped on the rows this handle
@@ -98,7 +98,7 @@ class Store(abc.ABC):
         StoreClosedError
             If the store is closed.
         ValidationError
-            For a name outside SPEC §3's rule or ``opts`` not a ``QueueOpts``.
+            For a name outside docs/contract.md §3's rule or ``opts`` not a ``QueueOpts``.
         """
         self._check_open()
         v.queue_name(name)
@@ -109,14 +109,14 @@ class Store(abc.ABC):
         return self._open_queue(name, opts)
 
     def listen(self, queue_name: str) -> Subscription:
-        """Subscribe to wakes of the queue ``queue_name`` (SPEC §3 "Wake").
+        """Subscribe to wakes of the queue ``queue_name`` (docs/contract.md §3 "Wake").
 
         Raises
         ------
         StoreClosedError
             If the store is closed.
         ValidationError
-            For a name outside SPEC §3's rule.
+            For a name outside docs/contract.md §3's rule.
         """
         self._check_open()
         v.queue_name(queue_name)
@@ -124,7 +124,7 @@ class Store(abc.ABC):
 
     def migrate(self) -> None:
         """Bring the schema to this code's version; idempotent and safe from
-        many processes at once (SPEC §3 "Schema").
+        many processes at once (docs/contract.md §3 "Schema").
 
         Raises
         ------
@@ -184,7 +184,7 @@ class Store(abc.ABC):
             A queue name, or a :class:`Queue` whose ``opts`` are then
             stamped on each job (otherwise the default ``QueueOpts``).
         payload
-            The job payload, encoded now (SPEC §3 "Payload").
+            The job payload, encoded now (docs/contract.md §3 "Payload").
         timezone
             An IANA zone name; default ``"UTC"``.
         catch_up

@@ -1,4 +1,4 @@
-"""The :class:`Subscription` ABC: wakes for one queue (SPEC §3 "Wake")."""
+"""The :class:`Subscription` ABC: wakes for one queue (docs/contract.md §3 "Wake")."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 (docs/tasks-and-workers.md "Tasks").
 
 A task's job payload is the JSON object ``{"task": NAME, "args": [...],
-"kwargs": {...}}``; the payload codec (SPEC §3 "Payload") encodes it, so
+"kwargs": {...}}``; the payload codec (docs/contract.md §3 "Payload") encodes it, so
 arguments that are not strict JSON raise ``ValidationError`` at enqueue.
 """
 
@@ -190,7 +190,7 @@ class Task(Generic[P, R]):
         ----------
         delay
             Seconds or ``timedelta`` from the enqueue instant until the job
-            is due; wins over ``run_at`` (SPEC §3 "Option resolution").
+            is due; wins over ``run_at`` (docs/contract.md §3 "Option resolution").
         run_at
             A timezone-aware ``datetime`` at which the job is due.
         priority
@@ -281,7 +281,7 @@ class Task(Generic[P, R]):
         ValidationError
             If the arguments do not fit the function's signature (a
             mistyped keyword, a missing argument: :meth:`check_call`) or an
-            argument is not strict JSON (SPEC §3 "Payload"); nothing is
+            argument is not strict JSON (docs/contract.md §3 "Payload"); nothing is
             stored.
         StoreClosedError, EngineError
             As :meth:`Queue.enqueue`.
@@ -292,7 +292,7 @@ class Task(Generic[P, R]):
 
     def enqueue_tx(self, conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> int:
         """Store the job inside the caller's open transaction on ``conn``
-        (SPEC §3 "Transactional enqueue"): it exists, and wakes workers,
+        (docs/contract.md §3 "Transactional enqueue"): it exists, and wakes workers,
         only if the caller commits.
 
         Parameters

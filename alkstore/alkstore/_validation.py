@@ -1,4 +1,4 @@
-"""Argument checks shared by every engine (SPEC §3 "Validation").
+"""Argument checks shared by every engine (docs/contract.md §3 "Validation").
 
 Each check raises :class:`~alkstore.errors.ValidationError` with a message
 that names the argument and the rule; none does I/O.
@@ -34,7 +34,7 @@ __all__ = [
 MAX_DURATION_S = 100 * 365.25 * 86400
 #: Queue names starting with this are reserved for alkstore itself.
 RESERVED_PREFIX = "__alkstore_"
-#: ``last_error`` keeps at most this many characters (SPEC §3 "Error text").
+#: ``last_error`` keeps at most this many characters (docs/contract.md §3 "Error text").
 MAX_ERROR_CHARS = 65_536
 #: The range of instants accepted (``run_at``, clock readings): wide enough
 #: for any real schedule, and far enough inside ``datetime``'s own range that
@@ -61,7 +61,7 @@ def duration_s(value: object, what: str, *, positive: bool = False) -> float:
     ----------
     value
         ``int``/``float`` seconds or a :class:`datetime.timedelta`; finite,
-        ``>= 0`` (``> 0`` when ``positive``) and at most 100 years (SPEC §2).
+        ``>= 0`` (``> 0`` when ``positive``) and at most 100 years (docs/contract.md §2).
     what
         The argument's name, for the error message.
 
@@ -211,7 +211,7 @@ def _shown_offset(offset: timedelta) -> str:
 
 
 def queue_name(name: object, what: str = "queue name") -> str:
-    """Check a queue name (SPEC §3 "Validation"); schedule names follow the
+    """Check a queue name (docs/contract.md §3 "Validation"); schedule names follow the
     same rule (``what`` names the argument in the message).
 
     A name is 1 to 128 characters of ``[A-Za-z0-9_.:-]`` and does not start
@@ -300,7 +300,7 @@ def job_ids(values: Iterable[object]) -> list[int]:
 
 
 def error_text(value: object, what: str = "error") -> str:
-    """Return error text as stored in ``last_error`` (SPEC §3 "Error text").
+    """Return error text as stored in ``last_error`` (docs/contract.md §3 "Error text").
 
     The caller's string is kept verbatim up to 65,536 characters; NUL
     characters and lone surrogates (which no engine can store as UTF-8)

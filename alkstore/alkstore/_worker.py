@@ -68,7 +68,7 @@ __all__ = [
 log = logging.getLogger("alkstore.worker")
 
 #: Seconds between claim attempts when no wake arrives: the safety net for a
-#: lost wake (SPEC §3 "Wake"). A lost wake delays a job by at most this.
+#: lost wake (docs/contract.md §3 "Wake"). A lost wake delays a job by at most this.
 DEFAULT_POLL_INTERVAL_S = 1.0
 #: Seconds running jobs get to finish after a stop before the worker exits
 #: and leaves them to lapse (Kubernetes' default termination grace period).
@@ -176,7 +176,7 @@ class Worker:
     orders them); when nothing is ready it waits for a wake from
     ``Store.listen`` and re-polls every ``poll_interval_s`` regardless. Each
     job runs on a thread of the pool and is heartbeaten every third of its
-    visibility timeout. Its outcome (SPEC §3 "Claim identity and handle
+    visibility timeout. Its outcome (docs/contract.md §3 "Claim identity and handle
     validity"):
 
     - the handler returns: acked by the completer thread, in a batch with
@@ -671,7 +671,7 @@ class Worker:
                 if _permanent(exc):
                     self._give_up(exc)
                     return
-                # SPEC §3: a subscription re-establishes itself; the loop's
+                # docs/contract.md §3: a subscription re-establishes itself; the loop's
                 # re-poll covers the gap meanwhile.
                 log.warning(
                     "waiting for wakes of %r failed", subscription.queue_name, exc_info=True
@@ -976,7 +976,7 @@ class Worker:
         uncertain: bool,
     ) -> list[str]:
         """Which of a batch's jobs the ``ack_batch`` acked, as each one's
-        logged outcome: ``ack_batch`` only says how many (SPEC §3).
+        logged outcome: ``ack_batch`` only says how many (docs/contract.md §3).
 
         ``writing`` is the monotonic instant the ack began; ``uncertain``
         says that an earlier try of it failed, so it may have taken effect
@@ -1080,5 +1080,5 @@ class Worker:
 
 
 def _permanent(error: BaseException) -> bool:
-    """Whether ``error`` says that retrying cannot help (SPEC §2 "Errors")."""
+    """Whether ``error`` says that retrying cannot help (docs/contract.md §2 "Errors")."""
     return isinstance(error, EngineError) and error.permanent

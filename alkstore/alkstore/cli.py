@@ -4,7 +4,7 @@ Importing :mod:`alkstore` does not import this module (nor click): only the
 console script and ``python -m alkstore`` do.
 
 Every command takes the store from ``--url``, else ``$ALKSTORE_URL``, else
-the embedded ``sqlite:///alkstore.db`` (SPEC §1). The commands that read
+the embedded ``sqlite:///alkstore.db`` (docs/contract.md §1). The commands that read
 queues read those named by ``--queue`` options and by ``--app MODULE:APP``
 (``$ALKSTORE_APP``), whose tasks name their queues; with neither, every
 queue of the store. Errors print one line on stderr and exit with status 1.
@@ -66,7 +66,7 @@ log = logging.getLogger("alkstore.cli")
 
 
 def _seconds(*, positive: bool = False) -> Any:
-    """A duration option's check: seconds by SPEC §2's rule (finite, >= 0 or
+    """A duration option's check: seconds by docs/contract.md §2's rule (finite, >= 0 or
     > 0, at most 100 years), so every bad duration is a usage error (exit
     status 2), as click's own range checks are. Used as the option's
     ``callback`` beside ``type=float``."""
@@ -113,7 +113,7 @@ def _seconds_option(
     )
 
 
-# The ranges SPEC §2 gives the per-job options, and job ids (64-bit).
+# The ranges docs/contract.md §2 gives the per-job options, and job ids (64-bit).
 _PRIORITY = click.IntRange(v.INT32_MIN, v.INT32_MAX)
 _MAX_ATTEMPTS = click.IntRange(1, v.INT32_MAX)
 _JOB_ID = click.IntRange(0, 2**63 - 1)
@@ -763,7 +763,7 @@ def resume(ctx: _Context, *, queue_name: str, app_spec: str | None) -> None:
 
 
 def _check_queue_name(ctx: _Context, name: str) -> None:
-    """Refuse a bad queue name before the store opens (SPEC §3: arguments
+    """Refuse a bad queue name before the store opens (docs/contract.md §3: arguments
     are checked before any I/O)."""
     _check_queue_names(ctx, (name,))
 
@@ -1070,7 +1070,7 @@ def scheduler(ctx: _Context, *, interval: float, log_level: str, app_spec: str |
     """
     _configure_logging(log_level)
     stop = threading.Event()
-    signalled: list[int] = []  # the handler only appends (SPEC of stop_signals)
+    signalled: list[int] = []  # the handler only appends (as stop_signals requires)
     failure: list[BaseException] = []
 
     def tick_until_stopped(store: Store) -> None:
@@ -1107,7 +1107,7 @@ def migrate(ctx: _Context, *, app_spec: str | None) -> None:
         try:
             # A look that creates nothing: a store opened with migrate=False
             # refuses a missing schema (and, on SQLite, an older one) with
-            # the version it found (SPEC §3 "Schema").
+            # the version it found (docs/contract.md §3 "Schema").
             with _schema_store(ctx, app_spec, migrate=False) as store:
                 before = store._schema_version()
         except SchemaVersionError as exc:

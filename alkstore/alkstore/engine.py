@@ -54,12 +54,12 @@ __all__ = [
 
 #: ``last_error`` of a job that ``sweep_expired`` moved to the dead table.
 EXPIRED = "expired"
-#: Engine options every engine accepts (SPEC §2).
+#: Engine options every engine accepts (docs/contract.md §2).
 COMMON_OPTIONS = frozenset({"clock", "rng", "migrate"})
 
 
 def check_engine_options(options: Mapping[str, object], own: Iterable[str] = ()) -> None:
-    """Refuse engine options that neither SPEC §2 nor the engine defines.
+    """Refuse engine options that neither docs/contract.md §2 nor the engine defines.
 
     Raises
     ------
@@ -79,7 +79,7 @@ def check_engine_options(options: Mapping[str, object], own: Iterable[str] = ())
 def check_schema_version(
     found: int | None, code: int, *, migrating: bool, where: str = "the database"
 ) -> None:
-    """Apply SPEC §3 "Schema" to the version found in the database.
+    """Apply docs/contract.md §3 "Schema" to the version found in the database.
 
     Parameters
     ----------

@@ -1,4 +1,4 @@
-"""The alkstore error hierarchy (SPEC §2 "Errors").
+"""The alkstore error hierarchy (docs/contract.md §2 "Errors").
 
 Every error alkstore raises derives from :class:`AlkstoreError`.  Engines
 wrap driver exceptions in :class:`EngineError` with the driver's exception
@@ -24,21 +24,21 @@ class AlkstoreError(Exception):
 
 
 class ValidationError(AlkstoreError, ValueError):
-    """Bad input, refused before any I/O; nothing was written (SPEC §3
+    """Bad input, refused before any I/O; nothing was written (docs/contract.md §3
     "Validation")."""
 
 
 class StoreClosedError(AlkstoreError):
-    """The store (or subscription) was closed (SPEC §3 "Closed store")."""
+    """The store (or subscription) was closed (docs/contract.md §3 "Closed store")."""
 
 
 class UnknownEngineError(AlkstoreError):
-    """No installed engine serves the URL's scheme (SPEC §1)."""
+    """No installed engine serves the URL's scheme (docs/contract.md §1)."""
 
 
 class SchemaVersionError(AlkstoreError):
     """The database schema is missing (with ``migrate=False``) or newer than
-    this code understands (SPEC §3 "Schema").
+    this code understands (docs/contract.md §3 "Schema").
 
     Parameters
     ----------

@@ -1,4 +1,4 @@
-"""SPEC §3 "Backoff": equal-jitter exponential over whole seconds."""
+"""docs/contract.md §3 "Backoff": equal-jitter exponential over whole seconds."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ bases = st.integers(0, 10**9)
 
 
 def reference_ceiling(attempt: int, base: int, cap: int) -> int:
-    # The SPEC's formula with Python's unbounded ints (only for small attempts).
+    # The contract's formula with Python's unbounded ints (only for small attempts).
     return min(cap, base * 2 ** (attempt - 1))
 
 

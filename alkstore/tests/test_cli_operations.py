@@ -105,7 +105,7 @@ def test_dead_list_prints_a_table_and_pages(project: Path, url: str) -> None:
     assert header.split() == ["id", "died_at", "attempts", "last_error"]
     assert [line.split() for line in lines[1:]] == [
         [str(first), LONG_AGO_ISO, "1/5", "boom\u2026"],  # the first line, marked cut
-        [str(second), LONG_AGO_ISO, "1/5", "failed"],  # SPEC §3: fail(None)
+        [str(second), LONG_AGO_ISO, "1/5", "failed"],  # docs/contract.md §3: fail(None)
         [str(third), LONG_AGO_ISO, "1/5", "x" * 79 + "\u2026"],  # 80 characters, marked
     ]
     for line in lines[1:]:  # the columns line up under the header
@@ -170,7 +170,7 @@ def test_dead_list_json_is_one_object_per_line(project: Path, url: str) -> None:
         "backoff_cap_s": 3600,
         "worker_id": "w",
         "claim_deadline": "2024-01-01T00:00:30+00:00",
-        "last_error": "failed",  # fail(None), SPEC §3
+        "last_error": "failed",  # fail(None), docs/contract.md §3
         "died_at": LONG_AGO_ISO,
     }
     assert rows[1]["last_error"] == "last"
@@ -474,7 +474,7 @@ NEWER_REASON = "unknown queue option(s) 'lease_renewal_s' (saved by a newer alks
 
 def _save_as_a_newer_release(project: Path, name: str) -> None:
     """Give the stored schedule ``name`` a queue option this version does
-    not know, as a newer release saving it would (handed case 014)."""
+    not know, as a newer release saving it would (regression case 014)."""
     with sqlite3.connect(project / "jobs.db") as conn:
         (text,) = conn.execute(
             "SELECT options FROM _alkstore_schedules WHERE name = ?", (name,)
@@ -649,7 +649,7 @@ def test_writing_operations_never_create_a_database(project: Path, args: Sequenc
 def test_a_bad_number_is_a_usage_error_before_the_store_opens(
     project: Path, url: str, args: tuple[str, ...], message: str
 ) -> None:
-    """Exit status 2, as click's own checks: every duration by SPEC §2's
+    """Exit status 2, as click's own checks: every duration by docs/contract.md §2's
     rule, every per-job option and job id by its range."""
     result = run(project, url, *args)
     assert result.returncode == 2, (result.stdout, result.stderr)

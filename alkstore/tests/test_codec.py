@@ -1,4 +1,4 @@
-"""SPEC §3 "Payload": one strict codec for every engine."""
+"""docs/contract.md §3 "Payload": one strict codec for every engine."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC §2 durations and QueueOpts; SPEC §3 "Validation" and "Error text"."""
+"""docs/contract.md §2 durations and QueueOpts; §3 "Validation" and "Error text"."""
 
 from __future__ import annotations
 

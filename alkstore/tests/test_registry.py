@@ -1,4 +1,4 @@
-"""SPEC §1 engine discovery by URL scheme."""
+"""docs/contract.md §1 engine discovery by URL scheme."""
 
 from __future__ import annotations
 

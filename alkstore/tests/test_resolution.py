@@ -1,4 +1,4 @@
-"""SPEC §3 "Option resolution", as one pure function."""
+"""docs/contract.md §3 "Option resolution", as one pure function."""
 
 from __future__ import annotations
 

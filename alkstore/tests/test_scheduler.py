@@ -1,6 +1,6 @@
 """The scheduler's own behaviour on a real SQLite file (its semantics on
 every engine are the contract's ``ScheduleTests``): how it reports a
-schedule that cannot fire (handed case 014, docs/schedules.md "When a
+schedule that cannot fire (regression case 014, docs/schedules.md "When a
 schedule cannot fire")."""
 
 from __future__ import annotations

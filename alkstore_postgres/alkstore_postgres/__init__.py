@@ -2,7 +2,7 @@
 
 Open it through the core: ``alkstore.open("postgresql://user@host/db")``
 (the ``postgresql`` and ``postgres`` schemes of the ``alkstore.engines``
-entry points). Engine options besides SPEC §2's ``clock``, ``rng`` and
+entry points). Engine options besides docs/contract.md §2's ``clock``, ``rng`` and
 ``migrate``: ``schema``, ``pool_min_size``, ``pool_max_size``,
 ``pool_timeout_s``, ``query_timeout_s`` and ``repoll_interval_s`` (see
 :class:`PostgresStore`).

@@ -1,4 +1,4 @@
-"""The database server's clock, tracked locally (SPEC §3 "Time").
+"""The database server's clock, tracked locally (docs/contract.md §3 "Time").
 
 Without an injected ``clock=``, every instant the engine uses comes from the
 PostgreSQL server, so workers on hosts with skewed clocks agree. Asking the

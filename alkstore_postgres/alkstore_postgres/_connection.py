@@ -6,7 +6,7 @@ statement and one round trip: the statement is its own transaction (no
 (migrations) open an explicit transaction on a direct connection.
 
 Every ``psycopg`` error becomes an :class:`~alkstore.errors.EngineError`
-with the driver's error as ``__cause__`` (SPEC §2 "Errors"); no driver
+with the driver's error as ``__cause__`` (docs/contract.md §2 "Errors"); no driver
 exception crosses the contract.
 
 No call waits for the server without bound (``query_timeout_s``): every

@@ -1,4 +1,4 @@
-"""The PostgreSQL :class:`~alkstore.JobHandle` (SPEC §3 "Claim identity and
+"""The PostgreSQL :class:`~alkstore.JobHandle` (docs/contract.md §3 "Claim identity and
 handle validity").
 
 A claim is identified by the job id and its post-claim attempt count. Every
@@ -48,7 +48,7 @@ RETRY = sql.SQL(
 
 # The delete and the insert are one statement, so one transaction: if the
 # insert fails the delete is undone, and the job is always in exactly one of
-# the two tables (SPEC §3 "Dead letters").
+# the two tables (docs/contract.md §3 "Dead letters").
 DEAD_LETTER = Statement(
     sql.SQL(
         "WITH moved AS (DELETE FROM {jobs} WHERE " + _VALID + " RETURNING {moved}) "

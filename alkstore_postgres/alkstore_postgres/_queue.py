@@ -1,5 +1,5 @@
 """The PostgreSQL :class:`~alkstore.Queue`: enqueue, claim and the
-queue-wide operations (SPEC §3).
+queue-wide operations (docs/contract.md §3).
 
 Every operation is one statement on an autocommit pool connection: one
 round trip, one transaction. Each takes one reading of the store's clock
@@ -47,7 +47,7 @@ _COLUMNS = sql.SQL(
 )
 
 # The wake is sent in the enqueueing transaction, so only a commit wakes
-# anyone, and it carries no job body (SPEC §3 "Wake"). The ``wake`` CTE has a
+# anyone, and it carries no job body (docs/contract.md §3 "Wake"). The ``wake`` CTE has a
 # volatile function, so PostgreSQL evaluates it exactly once. One statement
 # on an autocommit connection: one round trip, and the commit is the
 # statement's own (no BEGIN and COMMIT exchanges).
@@ -384,7 +384,7 @@ def _stamps(resolved: Resolved) -> tuple[Any, ...]:
 
 
 class PostgresQueue(Queue):
-    """A handle on one named queue of a :class:`PostgresStore` (SPEC §2).
+    """A handle on one named queue of a :class:`PostgresStore` (docs/contract.md §2).
 
     ``enqueue_tx`` takes a ``psycopg.Connection`` (3.x) to the store's
     database, inside an open transaction.

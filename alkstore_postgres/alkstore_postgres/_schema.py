@@ -1,5 +1,5 @@
 """The PostgreSQL schema: DDL, versioned migrations and statement rendering
-(SPEC §3 "Schema").
+(docs/contract.md §3 "Schema").
 
 Every table lives in the store's own schema (default ``alkstore``, engine
 option ``schema=``), so none can collide with the application's tables:
@@ -22,7 +22,7 @@ option ``schema=``), so none can collide with the application's tables:
     turn may be taken, whoever takes it.
 
 A live row's ``state`` is engine-private and finer than the public one
-(SPEC's ``pending``/``processing``), so that a claim never walks rows it
+(the contract's ``pending``/``processing``), so that a claim never walks rows it
 cannot hand out (the same five states as the SQLite engine's, D16 and D25):
 
 ==============  ==========  ================================================

@@ -63,7 +63,7 @@ DEFAULT_QUERY_TIMEOUT_S = 15.0
 #: Seconds between a consumer's safety-net re-polls; also the LISTEN
 #: connection's idle time before it is checked with a ping.
 DEFAULT_REPOLL_INTERVAL_S = 30.0
-#: The engine options of this engine, besides SPEC §2's common ones.
+#: The engine options of this engine, besides docs/contract.md §2's common ones.
 ENGINE_OPTIONS = frozenset(
     {
         "schema",
@@ -91,7 +91,7 @@ def _sample_clock(conn: Conn) -> tuple[datetime, float]:
 
 
 class PostgresStore(Store):
-    """An alkstore store in one PostgreSQL database (SPEC §2).
+    """An alkstore store in one PostgreSQL database (docs/contract.md §2).
 
     Open it with ``alkstore.open("postgresql://...")`` (or
     :func:`open_store`). Operations borrow autocommit connections from a
@@ -104,7 +104,7 @@ class PostgresStore(Store):
         A libpq connection string or URL.
     clock, rng
         As :class:`~alkstore.Store`. With no clock, instants come from the
-        database server's clock (SPEC §3 "Time"; see the package README).
+        database server's clock (docs/contract.md §3 "Time"; see the package README).
     migrate
         Create or upgrade the schema now (default); with ``False`` only
         check its version.
@@ -145,7 +145,7 @@ class PostgresStore(Store):
         For a bad option.
     SchemaVersionError
         If the schema is newer than this code, or missing with
-        ``migrate=False`` (SPEC §3 "Schema").
+        ``migrate=False`` (docs/contract.md §3 "Schema").
     EngineError
         If the database cannot be reached, or does not answer within
         ``query_timeout_s``.
@@ -234,7 +234,7 @@ class PostgresStore(Store):
 
     @property
     def repoll_interval_s(self) -> float:
-        """Seconds between a consumer's safety-net re-polls (SPEC §3
+        """Seconds between a consumer's safety-net re-polls (docs/contract.md §3
         "Wake": a wake is a hint)."""
         return self._repoll_interval_s
 
@@ -344,7 +344,7 @@ def open_store(url: str, **engine_options: Any) -> PostgresStore:
         A libpq connection URI, ``postgresql://user:password@host:port/db``
         (``postgres://`` too; every libpq parameter works).
     **engine_options
-        ``clock``, ``rng``, ``migrate`` (SPEC §2), and ``schema``,
+        ``clock``, ``rng``, ``migrate`` (docs/contract.md §2), and ``schema``,
         ``pool_min_size``, ``pool_max_size``, ``pool_timeout_s``,
         ``query_timeout_s``, ``repoll_interval_s`` (see
         :class:`PostgresStore`).

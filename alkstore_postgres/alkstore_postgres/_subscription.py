@@ -1,4 +1,4 @@
-"""The PostgreSQL :class:`~alkstore.Subscription` (SPEC §3 "Wake")."""
+"""The PostgreSQL :class:`~alkstore.Subscription` (docs/contract.md §3 "Wake")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""PostgreSQL URLs: standard libpq connection URIs (SPEC §1, §2).
+"""PostgreSQL URLs: standard libpq connection URIs (docs/contract.md §1, §2).
 
 ``postgresql://user:password@host:port/dbname?param=value`` and the
 ``postgres://`` spelling are handed to libpq unchanged, so every libpq

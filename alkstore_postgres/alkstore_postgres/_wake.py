@@ -1,4 +1,4 @@
-"""Wake-ups through LISTEN/NOTIFY (SPEC §3 "Wake").
+"""Wake-ups through LISTEN/NOTIFY (docs/contract.md §3 "Wake").
 
 An enqueue sends ``pg_notify(channel, '')`` in its own transaction, so only
 a commit wakes anyone, and the notification carries no job body (NOTIFY's

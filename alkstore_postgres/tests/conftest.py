@@ -33,7 +33,7 @@ def schema(postgres_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def clock() -> ManualClock:
-    """A manual clock at the handed cases' T0 (2030-01-01T00:00:00Z)."""
+    """A manual clock at the regression cases' T0 (2030-01-01T00:00:00Z)."""
     return ManualClock()
 
 

@@ -1,5 +1,5 @@
 """A TCP proxy in front of the test server that can stop forwarding on its
-connections without closing them (handed case 013).
+connections without closing them (regression case 013).
 
 :meth:`StallingProxy.stall` freezes every connection open at that moment:
 nothing more is read from either side, nothing is sent, nothing is closed

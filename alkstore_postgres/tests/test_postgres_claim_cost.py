@@ -1,5 +1,5 @@
 """The private states 'lapsed' and 'expired' (docs/decisions.md D25): a
-claim's cost does not grow with the rows that wait (SPEC §3 "Claim"),
+claim's cost does not grow with the rows that wait (docs/contract.md §3 "Claim"),
 measured in the pages it touches rather than in time; every move a claim
 makes; and the migration from version 3, whose lapsed and expired rows the
 first claim moves."""

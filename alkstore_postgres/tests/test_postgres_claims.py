@@ -1,4 +1,4 @@
-"""Exactly-once claims under concurrency (handed case 001, the task card's
+"""Exactly-once claims under concurrency (regression case 001, the task card's
 "two workers, one row" and "6x40 concurrent drain"), on threads with their
 own stores and on processes."""
 

@@ -1,6 +1,6 @@
 """Enqueue paths and round trips: one statement per operation, enqueue_many
 in one round trip with ids in list order, big payloads, and enqueue_tx with
-savepoints (handed cases 007, 008, 010)."""
+savepoints (regression cases 007, 008, 010)."""
 
 from __future__ import annotations
 

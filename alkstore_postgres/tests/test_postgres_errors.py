@@ -1,6 +1,6 @@
 """Errors: every driver error is an EngineError with the psycopg error as
 ``__cause__``; enqueue_tx refuses unusable connections before any statement
-(SPEC §2 "Errors", §3 "Transactional enqueue")."""
+(docs/contract.md §2 "Errors", §3 "Transactional enqueue")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Opening a store: URLs, engine options and the entry points (SPEC §1, §2)."""
+"""Opening a store: URLs, engine options and the entry points (docs/contract.md §1, §2)."""
 
 from __future__ import annotations
 

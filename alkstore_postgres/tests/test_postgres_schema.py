@@ -1,6 +1,6 @@
 """The schema: its own PostgreSQL schema, versioned migrations safe from
 many processes, SchemaVersionError, isolation between schemas, and claim
-plans that stay index-driven (SPEC §3 "Schema", "Claim")."""
+plans that stay index-driven (docs/contract.md §3 "Schema", "Claim")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Connections that stop answering (handed case 013): through a proxy that
+"""Connections that stop answering (regression case 013): through a proxy that
 stops forwarding on its open connections without closing them, every call
 of the engine ends within ``query_timeout_s`` and the next one runs on a new
 connection; the listener notices and wakes its subscriptions again; a

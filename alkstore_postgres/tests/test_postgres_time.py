@@ -1,6 +1,6 @@
 """Time: the server's clock (tracked through an offset), the injected clock
 never mixed with it within one store, and results independent of the
-session's TimeZone and DateStyle (SPEC §3 "Time")."""
+session's TimeZone and DateStyle (docs/contract.md §3 "Time")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Wakes through LISTEN/NOTIFY: the wake-driven claim loop end to end, the
-listener dying (handed case 004), big jobs and NOTIFY's payload limit
-(handed case 005), channel names, and transactional wakes."""
+listener dying (regression case 004), big jobs and NOTIFY's payload limit
+(regression case 005), channel names, and transactional wakes."""
 
 from __future__ import annotations
 

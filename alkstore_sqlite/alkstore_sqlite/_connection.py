@@ -14,7 +14,7 @@ not wait (WAL recovery, changing the journal mode), so :meth:`run` and
 :meth:`transaction` retry the whole operation on ``SQLITE_BUSY`` and
 ``SQLITE_LOCKED`` until the busy timeout has passed. Every other
 ``sqlite3`` error becomes an :class:`~alkstore.errors.EngineError` with the
-driver's error as ``__cause__`` (SPEC §2 "Errors"). Opening a store does not
+driver's error as ``__cause__`` (docs/contract.md §2 "Errors"). Opening a store does not
 wait for a lock held by a connection of this process, which may be its own
 caller's (:meth:`ConnectionPool.run_refusing_own_locks`).
 """

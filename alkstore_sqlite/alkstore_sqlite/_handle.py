@@ -1,4 +1,4 @@
-"""The SQLite :class:`~alkstore.JobHandle`: one claim of one job (SPEC §3
+"""The SQLite :class:`~alkstore.JobHandle`: one claim of one job (docs/contract.md §3
 "Claim identity and handle validity")."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ _DELETE_BURIED = "DELETE FROM _alkstore_jobs WHERE id = :id"
 
 class SqliteJobHandle(JobHandle):
     """A claim of a job in a :class:`~alkstore_sqlite.SqliteStore`; usable
-    from any thread (SPEC §2)."""
+    from any thread (docs/contract.md §2)."""
 
     _queue: SqliteQueue
 
@@ -51,7 +51,7 @@ class SqliteJobHandle(JobHandle):
         super().__init__(queue, job)
 
     def _params(self, **extra: Any) -> dict[str, Any]:
-        # One clock read per operation (SPEC §3 "Time").
+        # One clock read per operation (docs/contract.md §3 "Time").
         return {
             "id": self._job.id,
             "attempts": self._job.attempts,

@@ -1,5 +1,5 @@
 """The SQLite :class:`~alkstore.Queue`: enqueue, claim and the queue-wide
-operations (SPEC §3); the operator's (pause, dead letters) are in
+operations (docs/contract.md §3); the operator's (pause, dead letters) are in
 :mod:`alkstore_sqlite._operations`."""
 
 from __future__ import annotations
@@ -302,7 +302,7 @@ def _begins_implicitly(conn: sqlite3.Connection) -> bool:
 
 
 class SqliteQueue(Queue):
-    """A queue of a :class:`~alkstore_sqlite.SqliteStore` (SPEC §2, §3).
+    """A queue of a :class:`~alkstore_sqlite.SqliteStore` (docs/contract.md §2, §3).
 
     ``enqueue_tx`` takes a ``sqlite3.Connection`` to the store's database
     file, inside an open transaction.

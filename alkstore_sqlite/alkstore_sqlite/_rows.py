@@ -63,7 +63,7 @@ def bury_sql(where: str) -> str:
     dead table, with ``last_error = :error`` and ``died_at = :now``.
 
     Every live-to-dead move runs it and then deletes the same rows in the
-    same transaction, so a job is always in exactly one table (SPEC §3
+    same transaction, so a job is always in exactly one table (docs/contract.md §3
     "Dead letters").
     """
     return (

@@ -1,4 +1,4 @@
-"""The SQLite schema: DDL and versioned, idempotent migrations (SPEC §3
+"""The SQLite schema: DDL and versioned, idempotent migrations (docs/contract.md §3
 "Schema").
 
 Tables carry the ``_alkstore_`` prefix so they cannot collide with the
@@ -32,7 +32,7 @@ application's own tables in the same file:
     (:mod:`alkstore_sqlite._maintenance`).
 
 A live row's ``state`` is engine-private and finer than the public one
-(SPEC's ``pending``/``processing``). Each value keeps the row in the one
+(the contract's ``pending``/``processing``). Each value keeps the row in the one
 partial index the claim needs to find it in, so that a claim never walks
 rows it cannot hand out:
 

@@ -46,12 +46,12 @@ __all__ = [
 DEFAULT_BUSY_TIMEOUT_S = 30.0
 #: Seconds between two polls of the cross-process change detector.
 DEFAULT_POLL_INTERVAL_S = 0.001
-#: The engine options of this engine, besides SPEC §2's common ones.
+#: The engine options of this engine, besides docs/contract.md §2's common ones.
 ENGINE_OPTIONS = frozenset({"busy_timeout_s", "poll_interval_s", "synchronous"})
 
 
 class SqliteStore(Store):
-    """An alkstore store in one SQLite database file (SPEC §2).
+    """An alkstore store in one SQLite database file (docs/contract.md §2).
 
     Open it with ``alkstore.open("sqlite:///path.db")`` (or
     :func:`open_store`). The file is put in WAL mode; a store lends
@@ -63,7 +63,7 @@ class SqliteStore(Store):
         The database file; created if missing (unless ``migrate=False``).
     clock, rng
         As :class:`~alkstore.Store`; with no clock, instants come from the
-        system clock (SPEC §3 "Time").
+        system clock (docs/contract.md §3 "Time").
     migrate
         Create or upgrade the schema now (default); with ``False`` only
         check its version.
@@ -87,7 +87,7 @@ class SqliteStore(Store):
         For a bad option.
     SchemaVersionError
         If the schema is newer than this code, or missing or older with
-        ``migrate=False`` (SPEC §3 "Schema"); or, at once, if the file needs
+        ``migrate=False`` (docs/contract.md §3 "Schema"); or, at once, if the file needs
         a write to be ready (no schema yet, an older one, not in WAL mode)
         while a connection of this process holds a lock that the write
         must wait for, such as the application's own open transaction.
@@ -167,7 +167,7 @@ class SqliteStore(Store):
 
     def _prepare(self, migrate: bool) -> None:
         """Make the file ready for this code: WAL mode and, with ``migrate``,
-        the current schema; otherwise check its version (SPEC §3 "Schema").
+        the current schema; otherwise check its version (docs/contract.md §3 "Schema").
 
         A file that is ready already is only read: no write lock, so
         opening never waits for the application's transaction on the file
@@ -296,9 +296,9 @@ def open_store(url: str, **engine_options: Any) -> SqliteStore:
     ----------
     url
         ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``
-        (SPEC §2).
+        (docs/contract.md §2).
     **engine_options
-        ``clock``, ``rng``, ``migrate`` (SPEC §2), ``busy_timeout_s`` and
+        ``clock``, ``rng``, ``migrate`` (docs/contract.md §2), ``busy_timeout_s`` and
         ``poll_interval_s`` (see :class:`SqliteStore`).
 
     Returns

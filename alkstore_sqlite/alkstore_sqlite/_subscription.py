@@ -1,4 +1,4 @@
-"""The SQLite :class:`~alkstore.Subscription` (SPEC §3 "Wake")."""
+"""The SQLite :class:`~alkstore.Subscription` (docs/contract.md §3 "Wake")."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class SqliteSubscription(Subscription):
     def _wait(self, timeout_s: float) -> bool:
         woken = self._latch.wait(timeout_s)
         # A watcher that saw the store's files go woke everyone: the guard
-        # then compares at once, and raises (SPEC §2 "Errors").
+        # then compares at once, and raises (docs/contract.md §2 "Errors").
         guard = self._store._pool.guard
         if self._watch.vanished:
             guard.check_now()

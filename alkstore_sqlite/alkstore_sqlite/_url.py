@@ -1,4 +1,4 @@
-"""SQLite URLs in SQLAlchemy's form (SPEC §2).
+"""SQLite URLs in SQLAlchemy's form (docs/contract.md §2).
 
 ``sqlite:///relative/path.db`` and ``sqlite:////absolute/path.db``: the path
 is everything after ``sqlite:///``, taken verbatim (no percent-decoding).
@@ -35,7 +35,7 @@ def parse_url(url: str) -> str:
     ValidationError
         For another scheme, a host part (``sqlite://host/...``), an empty
         path, ``:memory:`` (every store needs several connections to one
-        database, SPEC §2) or a query string (this engine takes its options
+        database, docs/contract.md §2) or a query string (this engine takes its options
         as keyword arguments, not URL parameters).
     """
     if not isinstance(url, str):

@@ -1,4 +1,4 @@
-"""The change detector behind subscriptions (SPEC §3 "Wake").
+"""The change detector behind subscriptions (docs/contract.md §3 "Wake").
 
 The job rows themselves are the change record: ids come from
 ``AUTOINCREMENT`` under SQLite's single write lock, so they grow in commit

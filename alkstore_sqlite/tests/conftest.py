@@ -26,7 +26,7 @@ def db_url(db_path: Path) -> str:
 
 @pytest.fixture
 def clock() -> ManualClock:
-    """A manual clock at the handed cases' T0."""
+    """A manual clock at the regression cases' T0."""
     return ManualClock()
 
 

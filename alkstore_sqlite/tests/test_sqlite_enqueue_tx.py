@@ -1,4 +1,4 @@
-"""``enqueue_tx`` through the application's own ``sqlite3`` connection (SPEC
+"""``enqueue_tx`` through the application's own ``sqlite3`` connection (docs/contract.md
 §3 "Transactional enqueue")."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Engine discovery (SPEC §1)."""
+"""Engine discovery (docs/contract.md §1)."""
 
 from __future__ import annotations
 

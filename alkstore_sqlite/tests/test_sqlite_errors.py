@@ -1,5 +1,5 @@
-"""Driver errors are wrapped (SPEC §2 "Errors"); live-to-dead moves are
-atomic under injected faults (handed case 011)."""
+"""Driver errors are wrapped (docs/contract.md §2 "Errors"); live-to-dead moves are
+atomic under injected faults (regression case 011)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A store whose database file is deleted, replaced or moved while it runs
-(handed case 016): it notices within its check interval, says so once,
+(regression case 016): it notices within its check interval, says so once,
 refuses every later operation for good, and loses nothing committed."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Job ids are never reused (SPEC §2), and out-of-range ids are unknown."""
+"""Job ids are never reused (docs/contract.md §2), and out-of-range ids are unknown."""
 
 from __future__ import annotations
 

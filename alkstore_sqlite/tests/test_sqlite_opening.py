@@ -1,5 +1,5 @@
 """Opening a store while the application holds a transaction on the file
-(handed case 017): a file that is ready is only read, and one that needs a
+(regression case 017): a file that is ready is only read, and one that needs a
 write says so at once instead of waiting for the caller's own lock."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The claim is index-driven: its cost does not grow with the rows waiting
-(SPEC §3 "Claim"), whatever they wait for: their turn, their run_at, the
+(docs/contract.md §3 "Claim"), whatever they wait for: their turn, their run_at, the
 sweep of their expiry, or the reclaim of their lapsed claim.
 
 The work is counted in SQLite virtual-machine instructions, not timed, so

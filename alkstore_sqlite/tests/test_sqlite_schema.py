@@ -1,4 +1,4 @@
-"""Schema creation, versioning and engine options (SPEC §2, §3 "Schema")."""
+"""Schema creation, versioning and engine options (docs/contract.md §2, §3 "Schema")."""
 
 from __future__ import annotations
 

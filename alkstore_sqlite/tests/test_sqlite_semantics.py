@@ -1,7 +1,7 @@
-"""SPEC §3 semantics on this engine, with an injected clock (no sleeps).
+"""docs/contract.md §3 semantics on this engine, with an injected clock (no sleeps).
 
 The shared contract suite covers the contract in full; these tests pin the
-engine's own SQL paths and the handed cases that exercise them most.
+engine's own SQL paths and the regression cases that exercise them most.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The engine-private row states (``_schema``'s table): which state each
 write chooses, how the claim moves rows between them, and that none of it
-shows, not even when an injected clock moves backwards (SPEC §3 "Time")."""
+shows, not even when an injected clock moves backwards (docs/contract.md §3 "Time")."""
 
 from __future__ import annotations
 

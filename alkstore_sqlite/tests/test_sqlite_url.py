@@ -1,4 +1,4 @@
-"""SQLite URLs (SPEC §2)."""
+"""SQLite URLs (docs/contract.md §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Wakes: the in-process signal and the cross-process change detector (SPEC
+"""Wakes: the in-process signal and the cross-process change detector (docs/contract.md
 §3 "Wake")."""
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def test_store_close_closes_its_subscriptions(store: SqliteStore) -> None:
     store.close()
     waiter.join(10)
     assert not waiter.is_alive()
-    # The blocked wait is released with the closed state (SPEC §3 "Closed
+    # The blocked wait is released with the closed state (docs/contract.md §3 "Closed
     # store"), not a wake.
     assert [type(o) for o in outcome] == [StoreClosedError]
     assert _watchers() == []

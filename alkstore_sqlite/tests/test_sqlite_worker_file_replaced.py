@@ -1,4 +1,4 @@
-"""Handed case 016 end to end: an ``alkstore worker`` whose database file is
+"""Regression case 016 end to end: an ``alkstore worker`` whose database file is
 deleted mid-drain and made again by a producer stops, exiting non-zero,
 and a fresh worker runs every job enqueued into the new file."""
 

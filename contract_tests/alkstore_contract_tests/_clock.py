@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 __all__ = ["T0", "ManualClock"]
 
-#: The instant every contract test starts at (the handed cases' T0).
+#: The instant every contract test starts at (the regression cases' T0).
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
 
@@ -15,7 +15,7 @@ class ManualClock:
     """A thread-safe clock to pass as ``clock=``: calling it returns the
     current instant; :meth:`advance` and :meth:`set` move it.
 
-    SPEC §3 "Time": with an injected clock engines take every instant from it,
+    docs/contract.md §3 "Time": with an injected clock engines take every instant from it,
     so tests reach lapses, expiry, backoff and retention without sleeping.
     """
 

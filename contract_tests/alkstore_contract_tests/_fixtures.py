@@ -81,7 +81,7 @@ def at(seconds: float) -> datetime:
 
 
 def assert_utc(value: datetime | None) -> None:
-    """SPEC §2: every datetime alkstore returns is aware UTC."""
+    """docs/contract.md §2: every datetime alkstore returns is aware UTC."""
     if value is None:
         return
     assert isinstance(value, datetime), value

@@ -107,7 +107,7 @@ class EngineHarness:
         (the one every move to the dead letters inserts into: SQLite's
         ``_alkstore_dead``, PostgreSQL's ``dead`` in the store's schema, for
         an engine built on those) raises in the database (a trigger), to
-        prove the live-to-dead move is atomic (handed case 011); the fault
+        prove the live-to-dead move is atomic (regression case 011); the fault
         is gone after the block."""
         pytest.skip("this engine's harness cannot inject dead-letter faults")
         yield  # type: ignore[unreachable]  # pragma: no cover
@@ -117,7 +117,7 @@ class EngineHarness:
         """While inside, every insert into the engine's jobs table for the
         queue ``queue`` raises in the database (a trigger) an error whose
         text holds :data:`JOB_INSERT_FAULT`: a schedule into that queue can
-        never fire (handed case 014). Inserts into other queues work."""
+        never fire (regression case 014). Inserts into other queues work."""
         pytest.skip("this engine's harness cannot inject job-insert faults")
         yield  # type: ignore[unreachable]  # pragma: no cover
 
@@ -125,7 +125,7 @@ class EngineHarness:
         self, target: StoreTarget, name: str, column: str, value: str | bytes
     ) -> None:
         """Set one column of the stored schedule ``name`` behind the store's
-        back, as a newer release or a hand edit would (handed case 014).
+        back, as a newer release or a hand edit would (regression case 014).
 
         ``column`` is one of ``alkstore.engine.SCHEDULE_COLUMNS`` stored as
         the core encodes it: ``value`` is the text of ``options`` (the JSON
@@ -139,6 +139,6 @@ class EngineHarness:
         rows raises in the database (a trigger) with an error that may pass,
         so that every write on a held job (ack, ``ack_batch``, retry, fail,
         heartbeat) and every claim fails with a non-permanent
-        ``EngineError``; on leaving, they work again (handed case 015)."""
+        ``EngineError``; on leaving, they work again (regression case 015)."""
         pytest.skip("this engine's harness cannot inject job-write faults")
         yield  # type: ignore[unreachable]  # pragma: no cover

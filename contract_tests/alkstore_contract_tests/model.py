@@ -1,10 +1,10 @@
-"""A pure in-memory model of SPEC §3: the executable reading of the contract.
+"""A pure in-memory model of docs/contract.md §3: the executable reading of the contract.
 
 The stateful test (:mod:`alkstore_contract_tests._stateful`) drives an engine
 and this model with the same operations and compares every observable after
-each step. The model is written from SPEC.md alone, independently of the
+each step. The model is written from docs/contract.md alone, independently of the
 core's shared helpers, so a disagreement points at the engine, the core or a
-misreading of the SPEC -- never at a shared bug hiding itself.
+misreading of the contract -- never at a shared bug hiding itself.
 
 Time is passed in explicitly (``now``), so the model does no I/O and never
 reads a clock. Ids are allocated by the engine and handed to the model.
@@ -43,14 +43,14 @@ State = Literal["pending", "processing", "dead"]
 
 
 def stored_error_text(error: str) -> str:
-    """``last_error`` as SPEC §3 "Error text" stores ``error``: its first
+    """``last_error`` as docs/contract.md §3 "Error text" stores ``error``: its first
     65,536 characters, NUL replaced by U+FFFD."""
     return error[:MAX_ERROR_CHARS].replace("\x00", "\ufffd")
 
 
 def backoff_bounds(attempt: int, base_s: int, cap_s: int) -> tuple[int, int]:
     """The inclusive range ``[ceil(exp/2), exp]`` of the retry delay after the
-    ``attempt``-th claim (SPEC §3 "Backoff"), ``exp = min(cap, base *
+    ``attempt``-th claim (docs/contract.md §3 "Backoff"), ``exp = min(cap, base *
     2**(attempt-1))``. Written with plain integers, which do not overflow in
     Python; callers use it for moderate attempt counts."""
     exp = min(cap_s, base_s * 2 ** min(attempt - 1, 64))
@@ -86,17 +86,17 @@ class ModelJob:
     died_at: datetime | None = None
 
     def expired(self, now: datetime) -> bool:
-        """SPEC §3 "Boundaries": ``expires_at`` set and ``now >= expires_at``."""
+        """docs/contract.md §3 "Boundaries": ``expires_at`` set and ``now >= expires_at``."""
         return self.expires_at is not None and now >= self.expires_at
 
     def lapsed(self, now: datetime) -> bool:
-        """SPEC §3 "Boundaries": ``now >= claim_deadline``."""
+        """docs/contract.md §3 "Boundaries": ``now >= claim_deadline``."""
         return self.claim_deadline is not None and now >= self.claim_deadline
 
 
 @dataclass(frozen=True)
 class ModelResolution:
-    """The values one enqueue call stamps on its rows (SPEC §3 "Option
+    """The values one enqueue call stamps on its rows (docs/contract.md §3 "Option
     resolution")."""
 
     enqueued_at: datetime
@@ -207,7 +207,7 @@ class ModelStore:
         return sorted(r.id for r in rows if r.queue == queue)
 
     def stats(self, queue: str, now: datetime) -> tuple[int, int, int, int]:
-        """``(pending, scheduled, processing, dead)`` (SPEC §3 "stats()")."""
+        """``(pending, scheduled, processing, dead)`` (docs/contract.md §3 "stats()")."""
         live = [r for r in self.live.values() if r.queue == queue]
         return (
             sum(r.state == "pending" and r.run_at <= now for r in live),
@@ -217,7 +217,7 @@ class ModelStore:
         )
 
     def lapsed_claims(self, queue: str, now: datetime) -> int:
-        """Processing rows whose claim has lapsed (SPEC §3 "Boundaries")."""
+        """Processing rows whose claim has lapsed (docs/contract.md §3 "Boundaries")."""
         return sum(
             r.queue == queue and r.state == "processing" and r.lapsed(now)
             for r in self.live.values()
@@ -233,7 +233,7 @@ class ModelStore:
         self.dead[row.id] = row
 
     def claim(self, queue: str, worker_id: str, n: int, now: datetime) -> list[ModelHandle]:
-        """Claim up to ``n`` rows (SPEC §3 "Claim"); ``n <= 0`` or a paused
+        """Claim up to ``n`` rows (docs/contract.md §3 "Claim"); ``n <= 0`` or a paused
         queue does nothing (no reclaim, no dead-lettering)."""
         if n <= 0 or queue in self.paused:
             return []
@@ -272,7 +272,7 @@ class ModelStore:
     # -- handle operations -----------------------------------------------------
 
     def valid_row(self, handle: ModelHandle, now: datetime) -> ModelJob | None:
-        """The row if ``handle``'s claim is valid (SPEC §3 "Claim identity and
+        """The row if ``handle``'s claim is valid (docs/contract.md §3 "Claim identity and
         handle validity"), else ``None``."""
         row = self.live.get(handle.job_id)
         if (

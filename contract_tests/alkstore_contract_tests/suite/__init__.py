@@ -133,7 +133,7 @@ class ContractSuite(
     StatefulTests,
     WorkerTests,
 ):
-    """The whole alkstore contract (SPEC.md §2, §3, the handed cases, and
+    """The whole alkstore contract (docs/contract.md §2, §3, the regression cases, and
     the operations, schedules and outbox of docs/operations.md,
     docs/schedules.md and docs/outbox.md).
 

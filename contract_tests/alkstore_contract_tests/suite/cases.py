@@ -1,4 +1,4 @@
-"""The handed cases that apply to every engine (``shared/cases/``), with
+"""The regression cases that apply to every engine (``shared/cases/``), with
 their exact expected values. Cases 001 and 010 live with the concurrency
 and transactional tests (``test_case_001_*``, ``TransactionalEnqueueTests``);
 004 and 005 are PostgreSQL-only and belong to that engine's own tests."""
@@ -47,7 +47,7 @@ def _one_table(queue: Queue, job_id: int) -> str:
 
 
 class HandedCaseTests(ContractFixtures):
-    """Handed cases 002, 003, 006, 007, 008, 009 and 011."""
+    """Regression cases 002, 003, 006, 007, 008, 009 and 011."""
 
     # -- 002 -----------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Claims and handle validity (SPEC §3 "Claim", "Claim identity and handle
+"""Claims and handle validity (docs/contract.md §3 "Claim", "Claim identity and handle
 validity")."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ MICRO = timedelta(microseconds=1)
 
 
 class ClaimTests(ContractFixtures):
-    """SPEC §3 "Claim": eligibility, order, effects, the pre-claim
+    """docs/contract.md §3 "Claim": eligibility, order, effects, the pre-claim
     dead-lettering and the ``n <= 0`` shortcut."""
 
     @pytest.fixture
@@ -73,7 +73,7 @@ class ClaimTests(ContractFixtures):
     ) -> None:
         """Two paths to "due" meet: a job enqueued with a delay that has
         come due, and a job of the same priority already pending with the
-        same ``run_at``. Their order is the final ``id ASC`` (SPEC §3
+        same ``run_at``. Their order is the final ``id ASC`` (docs/contract.md §3
         "Claim"), whichever was enqueued first."""
         if lower_id == "came-due":
             came_due = queue.enqueue("came-due", delay=10)
@@ -95,7 +95,7 @@ class ClaimTests(ContractFixtures):
     ) -> None:
         """A reclaim is ordered by the row's own ``run_at`` (a claim does not
         change it), so a lapsed claim ties with a pending job of the same
-        priority and ``run_at``, and ``id ASC`` decides (SPEC §3 "Claim").
+        priority and ``run_at``, and ``id ASC`` decides (docs/contract.md §3 "Claim").
         Three paths meet: a pending job, a claim that lapsed before this
         claim, and a claim that lapsed before an earlier claim, which
         handed out another job and left it waiting."""
@@ -293,7 +293,7 @@ class ClaimTests(ContractFixtures):
 
 
 class HandleValidityTests(ContractFixtures):
-    """SPEC §3 "Claim identity and handle validity"."""
+    """docs/contract.md §3 "Claim identity and handle validity"."""
 
     @staticmethod
     def refused(handle: JobHandle) -> None:

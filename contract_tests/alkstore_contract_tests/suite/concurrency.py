@@ -1,6 +1,6 @@
 """Exactly-once hand-out under real concurrency: threads with their own
-stores, threads sharing one store, and separate processes (SPEC §3 "Claim",
-"sweep_expired()", "Schema"; handed case 001).
+stores, threads sharing one store, and separate processes (docs/contract.md §3 "Claim",
+"sweep_expired()", "Schema"; regression case 001).
 
 No exception of any kind may escape a claim: every worker thread or process
 records what it raised, and the tests assert that nothing was.
@@ -81,7 +81,7 @@ class ThreadConcurrencyTests(ContractFixtures):
     CLAIM_RACE_THREADS = 8
 
     def test_case_001_claim_one_race_threads(self, open_store: StoreFactory) -> None:
-        """Handed case 001, step 1: eight threads with their own stores claim
+        """Regression case 001, step 1: eight threads with their own stores claim
         one job together; exactly one wins, at attempt 1; repeated."""
         total = rounds("ALKSTORE_CLAIM_RACE_ROUNDS", 200)
         threads = self.CLAIM_RACE_THREADS
@@ -120,7 +120,7 @@ class ThreadConcurrencyTests(ContractFixtures):
         assert producer.stats() == (0, 0, 0, 0)
 
     def test_case_001_claim_batch_race_threads(self, open_store: StoreFactory) -> None:
-        """Handed case 001, step 2: 50 jobs, five threads with their own
+        """Regression case 001, step 2: 50 jobs, five threads with their own
         stores each ``claim_batch(20)`` together: every id handed out once,
         at attempt 1; repeated."""
         total = rounds("ALKSTORE_CLAIM_BATCH_ROUNDS", 20)
@@ -235,7 +235,7 @@ class ThreadConcurrencyTests(ContractFixtures):
         assert {job(producer, i).last_error for i in ids} == {"expired"}
 
     def test_threads_sharing_one_store_drain_a_queue_once(self, store: Store) -> None:
-        """SPEC §2: a store and its queues may be used from many threads."""
+        """docs/contract.md §2: a store and its queues may be used from many threads."""
         q = store.queue("shared")
         ids = q.enqueue_many(list(range(200)))
         claimed: list[int] = []
@@ -366,7 +366,7 @@ class ProcessConcurrencyTests(ContractFixtures):
 
     @pytest.mark.slow
     def test_case_001_claim_one_race_processes(self, spawn: _Spawner, store: Store) -> None:
-        """Handed case 001, step 3: four processes claim one job together;
+        """Regression case 001, step 3: four processes claim one job together;
         exactly one wins at attempt 1; repeated."""
         total = rounds("ALKSTORE_PROCESS_RACE_ROUNDS", 100)
         producer = store.queue("race")
@@ -431,7 +431,7 @@ class ProcessConcurrencyTests(ContractFixtures):
     def test_processes_open_and_migrate_a_fresh_target_at_once(
         self, spawn: _Spawner, alkstore_target: StoreTarget
     ) -> None:
-        """SPEC §3 "Schema": migration is safe when several processes open
+        """docs/contract.md §3 "Schema": migration is safe when several processes open
         the store at once."""
         ctx = spawn.ctx
         barrier = ctx.Barrier(self.PROCESSES)
@@ -463,7 +463,7 @@ class ProcessConcurrencyTests(ContractFixtures):
 
     @pytest.mark.slow
     def test_enqueue_in_another_process_wakes(self, spawn: _Spawner, store: Store) -> None:
-        """SPEC §3 "Wake": a committed enqueue in another process wakes this
+        """docs/contract.md §3 "Wake": a committed enqueue in another process wakes this
         process's subscriber."""
         ctx = spawn.ctx
         barrier = ctx.Barrier(1)

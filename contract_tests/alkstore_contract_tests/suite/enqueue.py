@@ -1,4 +1,4 @@
-"""Enqueue: option resolution, ids and returned datetimes (SPEC §2, §3
+"""Enqueue: option resolution, ids and returned datetimes (docs/contract.md §2, §3
 "Option resolution")."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ __all__ = ["IdTests", "OptionResolutionTests", "TimeTests"]
 
 
 class OptionResolutionTests(ContractFixtures):
-    """SPEC §3 "Option resolution": what an enqueue stamps on its row."""
+    """docs/contract.md §3 "Option resolution": what an enqueue stamps on its row."""
 
     def test_defaults_resolve_to_queue_opts_and_now(self, queue: Queue, clock: ManualClock) -> None:
         clock.set(at(5))
@@ -216,7 +216,7 @@ class OptionResolutionTests(ContractFixtures):
 
 
 class IdTests(ContractFixtures):
-    """SPEC §2: ids are ints, unique in a store, never reused, increasing in
+    """docs/contract.md §2: ids are ints, unique in a store, never reused, increasing in
     allocation order."""
 
     def test_sequential_enqueues_get_increasing_int_ids(self, queue: Queue) -> None:
@@ -263,8 +263,8 @@ class IdTests(ContractFixtures):
 
 
 class TimeTests(ContractFixtures):
-    """SPEC §2: every datetime alkstore returns is aware UTC with microsecond
-    precision; SPEC §3 "Time": every instant comes from the injected clock."""
+    """docs/contract.md §2: every datetime alkstore returns is aware UTC with microsecond
+    precision; docs/contract.md §3 "Time": every instant comes from the injected clock."""
 
     def test_every_returned_datetime_is_utc_to_the_microsecond(
         self, store: Store, clock: ManualClock

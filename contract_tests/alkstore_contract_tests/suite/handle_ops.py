@@ -1,5 +1,5 @@
 """What handle operations do: retry and backoff, fail, heartbeat, dead
-letters (SPEC §3 "Claim identity and handle validity", "Backoff", "Dead
+letters (docs/contract.md §3 "Claim identity and handle validity", "Backoff", "Dead
 letters")."""
 
 from __future__ import annotations
@@ -273,7 +273,7 @@ class HeartbeatTests(ContractFixtures):
 
 
 class DeadLetterTests(ContractFixtures):
-    """SPEC §3 "Dead letters": the dead table keeps the job visible."""
+    """docs/contract.md §3 "Dead letters": the dead table keeps the job visible."""
 
     def test_dead_job_keeps_everything_and_cannot_be_revived(
         self, queue: Queue, clock: ManualClock

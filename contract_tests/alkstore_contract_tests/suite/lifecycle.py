@@ -1,4 +1,4 @@
-"""Opening, migrating and closing a store (SPEC §2 "Engine options", §3
+"""Opening, migrating and closing a store (docs/contract.md §2 "Engine options", §3
 "Closed store", "Schema")."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ __all__ = ["ClosedStoreTests", "EngineOptionTests", "SchemaTests"]
 
 
 class ClosedStoreTests(ContractFixtures):
-    """SPEC §3 "Closed store": ``StoreClosedError`` first, before argument
+    """docs/contract.md §3 "Closed store": ``StoreClosedError`` first, before argument
     validation and the ``n <= 0`` shortcut; close is idempotent; attribute
     reads keep working."""
 
@@ -126,7 +126,7 @@ class ClosedStoreTests(ContractFixtures):
 
 
 class EngineOptionTests(ContractFixtures):
-    """SPEC §2 "Engine options common to every engine"."""
+    """docs/contract.md §2 "Engine options"."""
 
     def test_unknown_option_is_refused(self, alkstore_target: StoreTarget) -> None:
         with pytest.raises(ValidationError):
@@ -170,7 +170,7 @@ class EngineOptionTests(ContractFixtures):
 
 
 class SchemaTests(ContractFixtures):
-    """SPEC §3 "Schema"."""
+    """docs/contract.md §3 "Schema"."""
 
     def test_migrate_false_on_a_fresh_target_is_refused(self, alkstore_target: StoreTarget) -> None:
         with pytest.raises(SchemaVersionError):

@@ -1,6 +1,6 @@
 """Moves between the live and the dead table, as other threads see them
-(SPEC §3 "Dead letters": every move is atomic, the job is always in exactly
-one of the two tables; handed case 019).
+(docs/contract.md §3 "Dead letters": every move is atomic, the job is always in exactly
+one of the two tables; regression case 019).
 
 Case 011 proves the move atomic when its insert fails; these tests prove it
 atomic to concurrent readers and writers. A move written as two committed
@@ -96,7 +96,7 @@ class _StatsWatch:
 
 
 class AtomicMoveTests(ContractFixtures):
-    """SPEC §3 "Dead letters", under concurrency: a reader never sees a
+    """docs/contract.md §3 "Dead letters", under concurrency: a reader never sees a
     moving job in both tables or in neither, and an ``ack`` racing a move
     to the dead table either wins or loses, never both."""
 
@@ -148,7 +148,7 @@ class AtomicMoveTests(ContractFixtures):
     ) -> None:
         """One thread moves ``n`` jobs one by one while another, with a
         store of its own, reads ``stats()`` in a loop: every read adds up
-        to ``n`` (SPEC §3 "stats()" reads one snapshot)."""
+        to ``n`` (docs/contract.md §3 "stats()" reads one snapshot)."""
         n = rounds("ALKSTORE_MOVE_READER_JOBS", 20)
         q = store.queue("moves")
         steps = self._one_by_one(q, clock, move, n)

@@ -361,7 +361,8 @@ class DeadLetterOpsTests(ContractFixtures):
         self, queue: Queue, clock: ManualClock, death: str
     ) -> None:
         """A claim is (id, attempts): requeue keeps attempts, so the claim after
-        it is never mistaken for the one before (SPEC §3 "Claim identity")."""
+        it is never mistaken for the one before (docs/contract.md §3 "Claim
+        identity and handle validity")."""
         if death == "expired":
             job_id = queue.enqueue("x", expires=10)
             old = claim_exactly(queue, job_id, "w1")

@@ -1,4 +1,4 @@
-"""Payloads and error text (SPEC §3 "Payload", "Error text")."""
+"""Payloads and error text (docs/contract.md §3 "Payload", "Error text")."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def _label(value: object) -> str:
 
 
 class PayloadTests(ContractFixtures):
-    """SPEC §3 "Payload": bytes verbatim, strict compact UTF-8 JSON, exact
+    """docs/contract.md §3 "Payload": bytes verbatim, strict compact UTF-8 JSON, exact
     round trips, the same refusals on every engine."""
 
     @pytest.mark.parametrize(("payload", "stored"), ACCEPTED, ids=[_label(p) for p, _ in ACCEPTED])
@@ -150,7 +150,7 @@ class PayloadTests(ContractFixtures):
 
 
 class ErrorTextTests(ContractFixtures):
-    """SPEC §3 "Error text": verbatim up to 65,536 characters, NUL replaced by
+    """docs/contract.md §3 "Error text": verbatim up to 65,536 characters, NUL replaced by
     U+FFFD, the default ``"failed"``."""
 
     @pytest.mark.parametrize(

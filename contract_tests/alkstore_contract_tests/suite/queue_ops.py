@@ -1,6 +1,6 @@
 """Queue operations other than enqueue and claim: ``ack_batch``, ``cancel``,
 ``get_job``, ``sweep_expired``, ``stats`` and ``lapsed_claims``, and queue
-isolation (SPEC §3)."""
+isolation (docs/contract.md §3)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class AckScene(NamedTuple):
 
 
 class AckBatchTests(ContractFixtures):
-    """SPEC §3 "ack_batch(ids)"."""
+    """docs/contract.md §3 "ack_batch(ids)"."""
 
     @pytest.fixture
     def ack_scene(self, store: Store, clock: ManualClock) -> AckScene:
@@ -97,7 +97,7 @@ class AckBatchTests(ContractFixtures):
 
 
 class CancelTests(ContractFixtures):
-    """SPEC §3 "cancel(id)"."""
+    """docs/contract.md §3 "cancel(id)"."""
 
     def test_cancel_pending(self, queue: Queue) -> None:
         job_id = queue.enqueue("x", delay=100)
@@ -154,7 +154,7 @@ class GetJobTests(ContractFixtures):
 
 
 class SweepTests(ContractFixtures):
-    """SPEC §3 "sweep_expired()"."""
+    """docs/contract.md §3 "sweep_expired()"."""
 
     def test_sweep_moves_expired_pending_and_processing_rows(
         self, queue: Queue, clock: ManualClock
@@ -251,7 +251,7 @@ class SweepTests(ContractFixtures):
 
 
 class StatsTests(ContractFixtures):
-    """SPEC §3 "stats()"."""
+    """docs/contract.md §3 "stats()"."""
 
     def test_each_field(self, queue: Queue, clock: ManualClock) -> None:
         assert queue.stats() == QueueStats(0, 0, 0, 0)
@@ -431,7 +431,7 @@ class StatsTests(ContractFixtures):
 
 
 class IsolationTests(ContractFixtures):
-    """SPEC §2: every queue operation sees only its own queue's rows."""
+    """docs/contract.md §2: every queue operation sees only its own queue's rows."""
 
     def test_another_queue_behaves_as_unknown(self, store: Store, clock: ManualClock) -> None:
         a, b = store.queue("a"), store.queue("b")
@@ -452,7 +452,7 @@ class IsolationTests(ContractFixtures):
         assert handle[1].ack()
 
     def test_names_sharing_a_long_prefix_are_distinct(self, store: Store) -> None:
-        """Handed case 006: two names equal in their first 63 characters."""
+        """Regression case 006: two names equal in their first 63 characters."""
         one, two = store.queue("q" * 63 + "a"), store.queue("q" * 63 + "b")
         first = one.enqueue({"q": 1})
         assert two.claim_one("w") is None

@@ -520,7 +520,7 @@ class ScheduleTests(ContractFixtures):
         assert q.resume()
         claim_exactly(q, job_id)
 
-    # -- one schedule that cannot fire (handed case 014) -------------------------
+    # -- one schedule that cannot fire (regression case 014) -------------------------
 
     #: Healthy schedules beside the bad one in case 014, and boundaries ticked.
     CASE_014_SCHEDULES = 100

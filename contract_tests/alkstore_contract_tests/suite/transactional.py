@@ -1,5 +1,5 @@
-"""Transactional enqueue through the application's own connection (SPEC §3
-"Transactional enqueue"; handed cases 007 and 010)."""
+"""Transactional enqueue through the application's own connection (docs/contract.md §3
+"Transactional enqueue"; regression cases 007 and 010)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ class TransactionalEnqueueTests(ContractFixtures):
     def test_commit_makes_the_job_visible_and_wakes(
         self, app: App, store: Store, queue: Queue, worker: Queue
     ) -> None:
-        """Handed case 010, step 2."""
+        """Regression case 010, step 2."""
         with store.listen("jobs") as sub:
             self.begin(app.conn)
             app.execute("INSERT INTO orders (id) VALUES (43)")
@@ -92,7 +92,7 @@ class TransactionalEnqueueTests(ContractFixtures):
     def test_rollback_leaves_no_job_and_no_wake(
         self, app: App, store: Store, queue: Queue, worker: Queue
     ) -> None:
-        """Handed case 010, step 1."""
+        """Regression case 010, step 1."""
         with store.listen("jobs") as sub:
             self.begin(app.conn)
             app.execute("INSERT INTO orders (id) VALUES (42)")
@@ -108,7 +108,7 @@ class TransactionalEnqueueTests(ContractFixtures):
     def test_rollback_to_savepoint_drops_only_the_inner_job(
         self, app: App, queue: Queue, worker: Queue
     ) -> None:
-        """Handed case 010, step 3."""
+        """Regression case 010, step 3."""
         self.begin(app.conn)
         app.execute("SAVEPOINT before_j1")
         j1 = queue.enqueue_tx(app.conn, "J1")
@@ -153,7 +153,7 @@ class TransactionalEnqueueTests(ContractFixtures):
     def test_refused_enqueue_does_not_abort_the_callers_transaction(
         self, app: App, queue: Queue, payload: object, options: dict[str, Any]
     ) -> None:
-        """Handed case 007, transactional run."""
+        """Regression case 007, transactional run."""
         self.begin(app.conn)
         app.execute("INSERT INTO orders (id) VALUES (7)")
         with pytest.raises(ValidationError):

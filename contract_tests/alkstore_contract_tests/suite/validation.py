@@ -1,5 +1,5 @@
 """Validation: every invalid input raises ``ValidationError`` before any I/O
-and writes nothing (SPEC §2 "Durations", §3 "Validation")."""
+and writes nothing (docs/contract.md §2 "Durations", §3 "Validation")."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from alkstore_contract_tests.harness import StoreTarget
 
 __all__ = ["ValidationTests"]
 
-#: 100 years of 365.25 days: the longest duration SPEC §2 accepts.
+#: 100 years of 365.25 days: the longest duration docs/contract.md §2 accepts.
 HUNDRED_YEARS = timedelta(days=36525)
 
 BAD_QUEUE_NAMES: list[object] = [
@@ -122,7 +122,7 @@ class Scene(NamedTuple):
 
 
 class ValidationTests(ContractFixtures):
-    """SPEC §3 "Validation": a clear ``ValidationError``, raised before any
+    """docs/contract.md §3 "Validation": a clear ``ValidationError``, raised before any
     I/O, nothing written."""
 
     @pytest.fixture

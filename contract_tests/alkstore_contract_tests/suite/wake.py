@@ -1,8 +1,8 @@
-"""Wake-ups (SPEC §3 "Wake"), in real time.
+"""Wake-ups (docs/contract.md §3 "Wake"), in real time.
 
 Positive wakes must arrive within :data:`WAKE_TIMEOUT_S`; where nothing
 should wake a subscriber the suite waits :data:`QUIET_S` and expects
-``False``. The SPEC allows rare spurious wakes, so these negative checks
+``False``. The contract allows rare spurious wakes, so these negative checks
 only stand where an engine has no reason for one.
 """
 
@@ -144,7 +144,7 @@ class WakeTests(ContractFixtures):
     def test_closing_releases_a_blocked_wait_with_store_closed(
         self, store: Store, closing: str
     ) -> None:
-        """SPEC §3 "Closed store": ``wait`` after a close raises, including a
+        """docs/contract.md §3 "Closed store": ``wait`` after a close raises, including a
         wait that was already blocked when another thread closed; it is
         released promptly rather than left to its timeout."""
         sub = store.listen("jobs")

@@ -263,7 +263,7 @@ class WorkerTests(EngineHarness):
         assert retried.last_error is not None
         assert retried.last_error.startswith("ValueError: boom\n")
         assert "Traceback (most recent call last)" in retried.last_error
-        # The default backoff (base 4 s) after attempt 1: 2 to 4 s (SPEC §3).
+        # The default backoff (base 4 s) after attempt 1: 2 to 4 s (docs/contract.md §3).
         assert T0 + timedelta(seconds=2) <= retried.run_at <= T0 + timedelta(seconds=4)
 
         snoozed_job = queue.get_job(snoozed)
@@ -624,7 +624,7 @@ class WorkerTests(EngineHarness):
         self, worker_apps: AppFactory, worker_clock: ManualClock, worker_log_dir: str
     ) -> None:
         """With a 30 s re-poll interval, a job enqueued while the worker waits
-        runs within seconds: the worker listens for wakes (SPEC §3 "Wake")."""
+        runs within seconds: the worker listens for wakes (docs/contract.md §3 "Wake")."""
         app = worker_apps(clock=worker_clock)
         record = app.tasks["record"]
         record.enqueue(worker_log_dir, "first")
