@@ -65,7 +65,7 @@ def _job_ids(db_url: str, queue: str) -> list[int]:
 
 
 @pytest.mark.parametrize("outcome", ["COMMIT", "ROLLBACK"])
-def test_first_enqueue_tx_of_an_app_inside_the_callers_transaction(
+def test_case_017_first_enqueue_tx_of_an_app_inside_the_callers_transaction(
     db_url: str, db_path: Path, app_conn: sqlite3.Connection, outcome: str
 ) -> None:
     _migrated(db_url, db_path)

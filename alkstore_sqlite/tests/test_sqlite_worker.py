@@ -1,7 +1,7 @@
 """The worker on SQLite's own faults: the application holding the database's
 write lock while the worker's finished jobs wait for their ack (regression case
 015; the engine-independent form is the contract's
-``test_writes_on_held_jobs_are_retried_through_a_passing_fault``), and a
+``test_case_015_writes_on_held_jobs_are_retried_through_a_passing_fault``), and a
 database file the worker cannot write."""
 
 from __future__ import annotations

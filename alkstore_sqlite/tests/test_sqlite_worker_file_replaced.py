@@ -97,7 +97,7 @@ def _finish(worker: subprocess.Popen[str]) -> tuple[int, str]:
     return worker.returncode, stderr
 
 
-def test_a_worker_whose_file_is_replaced_exits_and_a_fresh_one_drains_the_new_file(
+def test_case_016_a_worker_whose_file_is_replaced_exits_and_a_fresh_one_drains_the_new_file(
     tmp_path: Path,
 ) -> None:
     project = tmp_path

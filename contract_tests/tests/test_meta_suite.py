@@ -243,10 +243,10 @@ def test_ties_between_paths_to_due_going_by_path_fail(run_suite: RunSuite) -> No
     catch it; the older order tests, whose ties share a path, do not."""
     result = run_suite("broken_engines", "TiesByPathHarness", "-k", TIES)
     assert failed_tests(result) == {
-        "test_a_job_that_came_due_ties_with_a_pending_job_by_id[came-due-one]",
-        "test_a_job_that_came_due_ties_with_a_pending_job_by_id[came-due-batch]",
-        "test_reclaims_tie_with_a_pending_job_by_id[reclaims-first-one]",
-        "test_reclaims_tie_with_a_pending_job_by_id[reclaims-first-batch]",
+        "test_case_019_a_job_that_came_due_ties_with_a_pending_job_by_id[came-due-one]",
+        "test_case_019_a_job_that_came_due_ties_with_a_pending_job_by_id[came-due-batch]",
+        "test_case_019_reclaims_tie_with_a_pending_job_by_id[reclaims-first-one]",
+        "test_case_019_reclaims_tie_with_a_pending_job_by_id[reclaims-first-batch]",
     }
 
 
@@ -264,7 +264,7 @@ def test_ties_between_paths_to_due_going_by_path_fail_the_model_comparison(
 def test_stats_leaving_out_lapsed_claims_fails(run_suite: RunSuite) -> None:
     result = run_suite("broken_engines", "LapsedUncountedHarness", "-k", STATS)
     assert failed_tests(result) == {
-        "test_lapsed_claims_count_as_processing_before_and_after_a_reclaim",
+        "test_case_019_lapsed_claims_count_as_processing_before_and_after_a_reclaim",
         "test_lapsed_claims_counts_processing_jobs_past_their_deadline",
         "test_a_spent_lapsed_claim_counts_as_processing_until_a_claim_dead_letters_it",
         "test_expired_unswept_rows_keep_their_public_state",
@@ -289,10 +289,11 @@ def test_moves_in_two_steps_fail(run_suite: RunSuite) -> None:
     counted dead lands in it."""
     result = run_suite("broken_engines", "TwoStepMoveHarness", "-k", MOVES)
     moves = ("fail", "retry-at-budget", "claim-dead-letters", "sweep-expired", "requeue")
+    reader = "test_case_019_a_reader_never_sees_a_moving_job_twice_or_not_at_all"
     assert failed_tests(result) == {
-        *(f"test_a_reader_never_sees_a_moving_job_twice_or_not_at_all[{m}]" for m in moves),
-        "test_an_ack_racing_a_move_to_the_dead_table_takes_effect_once[fail]",
-        "test_an_ack_racing_a_move_to_the_dead_table_takes_effect_once[retry-at-budget]",
+        *(f"{reader}[{move}]" for move in moves),
+        "test_case_019_an_ack_racing_a_move_to_the_dead_table_takes_effect_once[fail]",
+        "test_case_019_an_ack_racing_a_move_to_the_dead_table_takes_effect_once[retry-at-budget]",
     }
 
 

@@ -68,7 +68,7 @@ class ClaimTests(ContractFixtures):
 
     @pytest.mark.parametrize("how", ["one", "batch"])
     @pytest.mark.parametrize("lower_id", ["came-due", "pending"])
-    def test_a_job_that_came_due_ties_with_a_pending_job_by_id(
+    def test_case_019_a_job_that_came_due_ties_with_a_pending_job_by_id(
         self, queue: Queue, clock: ManualClock, lower_id: str, how: str
     ) -> None:
         """Two paths to "due" meet: a job enqueued with a delay that has
@@ -90,7 +90,7 @@ class ClaimTests(ContractFixtures):
 
     @pytest.mark.parametrize("how", ["one", "batch"])
     @pytest.mark.parametrize("ids", ["pending-first", "reclaims-first"])
-    def test_reclaims_tie_with_a_pending_job_by_id(
+    def test_case_019_reclaims_tie_with_a_pending_job_by_id(
         self, store: Store, clock: ManualClock, ids: str, how: str
     ) -> None:
         """A reclaim is ordered by the row's own ``run_at`` (a claim does not

@@ -143,7 +143,7 @@ class AtomicMoveTests(ContractFixtures):
         return [functools.partial(step, i) for i in range(n)]
 
     @pytest.mark.parametrize("move", MOVES)
-    def test_a_reader_never_sees_a_moving_job_twice_or_not_at_all(
+    def test_case_019_a_reader_never_sees_a_moving_job_twice_or_not_at_all(
         self, store: Store, open_store: StoreFactory, clock: ManualClock, move: str
     ) -> None:
         """One thread moves ``n`` jobs one by one while another, with a
@@ -164,7 +164,7 @@ class AtomicMoveTests(ContractFixtures):
         assert q.stats() == ((n, 0, 0, 0) if move == "requeue" else (0, 0, 0, n))
 
     @pytest.mark.parametrize("move", ["fail", "retry-at-budget"])
-    def test_an_ack_racing_a_move_to_the_dead_table_takes_effect_once(
+    def test_case_019_an_ack_racing_a_move_to_the_dead_table_takes_effect_once(
         self, store: Store, move: str
     ) -> None:
         """``ack()`` and ``fail()`` (or ``retry()`` on the last attempt) on

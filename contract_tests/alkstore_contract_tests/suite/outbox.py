@@ -211,7 +211,9 @@ class OutboxTests(ContractFixtures):
         assert sent == []
         assert (job(q, job_id).state, job(q, job_id).attempts) == ("pending", 0)
 
-    def test_a_send_whose_call_does_not_run_its_body_delivers_nothing(self, outbox: Outbox) -> None:
+    def test_case_012_a_send_whose_call_does_not_run_its_body_delivers_nothing(
+        self, outbox: Outbox
+    ) -> None:
         """Case 012: an ``async def`` ``send`` is refused by ``relay_once``,
         ``relay`` and ``App.relay`` before anything is claimed; a plain one
         that returns a coroutine anyway has not delivered: the message is

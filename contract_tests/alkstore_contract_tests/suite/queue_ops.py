@@ -331,7 +331,7 @@ class StatsTests(ContractFixtures):
     # stats() counts by the public states and the instants, whatever a
     # row's private state, before and after a claim has moved it.
 
-    def test_lapsed_claims_count_as_processing_before_and_after_a_reclaim(
+    def test_case_019_lapsed_claims_count_as_processing_before_and_after_a_reclaim(
         self, queue: Queue, clock: ManualClock
     ) -> None:
         ids = queue.enqueue_many(["a", "b", "c"])

@@ -338,7 +338,7 @@ class WorkerTests(EngineHarness):
         assert calls == ["run", "run"]
         assert queue.get_job(lost_id) is None
 
-    def test_a_task_whose_call_does_not_run_its_body_is_never_acked(
+    def test_case_012_a_task_whose_call_does_not_run_its_body_is_never_acked(
         self, worker_apps: AppFactory, worker_clock: ManualClock
     ) -> None:
         """Case 012: an ``async def`` task, an async generator and a
@@ -399,7 +399,7 @@ class WorkerTests(EngineHarness):
             assert dead.last_error is not None
             assert f"returned a {kind} instead of running" in dead.last_error
 
-    def test_writes_on_held_jobs_are_retried_through_a_passing_fault(
+    def test_case_015_writes_on_held_jobs_are_retried_through_a_passing_fault(
         self,
         alkstore_target: StoreTarget,
         worker_apps: AppFactory,
