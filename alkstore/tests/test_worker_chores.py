@@ -311,7 +311,9 @@ def add_message(path: Path, app: App, queue: str, message: object, *, commit: bo
     """``app.outbox(queue).add`` inside an sqlite3 transaction of our own."""
     conn = sqlite3.connect(path, isolation_level=None, timeout=30)
     try:
-        conn.execute("BEGIN")
+        # IMMEDIATE: a deferred transaction that reads before it writes fails
+        # at once ("database is locked") if the relay commits in between.
+        conn.execute("BEGIN IMMEDIATE")
         conn.execute("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY)")
         conn.execute("INSERT INTO orders DEFAULT VALUES")
         message_id = app.outbox(queue).add(conn, message)
