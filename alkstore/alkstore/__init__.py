@@ -9,25 +9,14 @@ contract every engine keeps is docs/contract.md.
 
 from __future__ import annotations
 
-from alkstore._app import App
-from alkstore._backoff import Rng, backoff_ceiling_s, backoff_delay_s
-from alkstore._clock import Clock
-from alkstore._codec import MAX_NESTING, MAX_PAYLOAD_BYTES, decode_payload, encode_payload
-from alkstore._handle import JobHandle
-from alkstore._job import Job, JobState, QueueStats, SweepResult
-from alkstore._options import QueueOpts
-from alkstore._outbox import Outbox
-from alkstore._outcome import Fail, Retry
-from alkstore._queue import Queue
-from alkstore._registry import DEFAULT_URL, open, register
-from alkstore._resolution import enqueue_options, resolve
-from alkstore._schedule import Schedule, UnreadableSchedule
-from alkstore._scheduler import Scheduler
-from alkstore._store import Store
-from alkstore._subscription import Subscription
-from alkstore._sweeper import Sweeper
-from alkstore._task import Task
-from alkstore._worker import Worker, WorkerCounts
+from alkstore.contract.handle import JobHandle
+from alkstore.contract.job import Job, JobState, QueueStats, SweepResult
+from alkstore.contract.options import QueueOpts
+from alkstore.contract.queue import Queue
+from alkstore.contract.registry import DEFAULT_URL, open, register
+from alkstore.contract.schedule import Schedule, UnreadableSchedule
+from alkstore.contract.store import Store
+from alkstore.contract.subscription import Subscription
 from alkstore.errors import (
     AlkstoreError,
     EngineError,
@@ -36,6 +25,17 @@ from alkstore.errors import (
     UnknownEngineError,
     ValidationError,
 )
+from alkstore.logic.backoff import Rng, backoff_ceiling_s, backoff_delay_s
+from alkstore.logic.clock import Clock
+from alkstore.logic.codec import MAX_NESTING, MAX_PAYLOAD_BYTES, decode_payload, encode_payload
+from alkstore.logic.resolution import enqueue_options, resolve
+from alkstore.runtime.app import App
+from alkstore.runtime.outbox import Outbox
+from alkstore.runtime.outcome import Fail, Retry
+from alkstore.runtime.scheduler import Scheduler
+from alkstore.runtime.sweeper import Sweeper
+from alkstore.runtime.task import Task
+from alkstore.runtime.worker import Worker, WorkerCounts
 
 __all__ = [
     "DEFAULT_URL",

@@ -30,27 +30,27 @@ from typing import Any, NamedTuple, NoReturn, TypeVar
 import click
 
 import alkstore
-from alkstore import _validation as v
-from alkstore._app import App
-from alkstore._codec import MAX_NESTING, encode_payload
-from alkstore._cron import parse_schedule
-from alkstore._job import Job, QueueStats
-from alkstore._options import QueueOpts
-from alkstore._queue import Queue
-from alkstore._redact import redact_url
-from alkstore._resolution import enqueue_options, resolve
-from alkstore._schedule import CATCH_UP_POLICIES, Schedule
-from alkstore._scheduler import Scheduler
-from alkstore._signals import stop_signals
-from alkstore._store import Store
-from alkstore._task import parse_task_payload
-from alkstore._worker import (
+from alkstore.contract.job import Job, QueueStats
+from alkstore.contract.options import QueueOpts
+from alkstore.contract.queue import Queue
+from alkstore.contract.schedule import CATCH_UP_POLICIES, Schedule
+from alkstore.contract.store import Store
+from alkstore.errors import AlkstoreError, SchemaVersionError, ValidationError
+from alkstore.logic import validation as v
+from alkstore.logic.codec import MAX_NESTING, encode_payload
+from alkstore.logic.cron import parse_schedule
+from alkstore.logic.redact import redact_url
+from alkstore.logic.resolution import enqueue_options, resolve
+from alkstore.runtime.app import App
+from alkstore.runtime.scheduler import Scheduler
+from alkstore.runtime.signals import stop_signals
+from alkstore.runtime.task import parse_task_payload
+from alkstore.runtime.worker import (
     DEFAULT_GRACE_PERIOD_S,
     DEFAULT_POLL_INTERVAL_S,
     DEFAULT_SWEEP_INTERVAL_S,
     DEFAULT_TICK_INTERVAL_S,
 )
-from alkstore.errors import AlkstoreError, SchemaVersionError, ValidationError
 
 __all__ = ["cli", "load_app", "main"]
 

@@ -8,14 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from alkstore._codec import EncodedPayload, decode_payload
-from alkstore._duration import duration, duration_us
-from alkstore._handle import FAILED, MAX_ATTEMPTS_EXCEEDED
-from alkstore._job import JOB_FIELDS, job_from_values
-from alkstore._latch import WakeLatch
-from alkstore._redact import redact_url
-from alkstore._resolution import Resolved
-from alkstore._schedule import (
+from alkstore.contract.handle import FAILED, MAX_ATTEMPTS_EXCEEDED
+from alkstore.contract.job import JOB_FIELDS, job_from_values
+from alkstore.contract.latch import WakeLatch
+from alkstore.contract.schedule import (
     SCHEDULE_COLUMNS,
     Schedule,
     UnreadableSchedule,
@@ -23,8 +19,12 @@ from alkstore._schedule import (
     schedule_from_values,
     schedule_to_values,
 )
-from alkstore._validation import duration_s, int_in_range
 from alkstore.errors import SchemaVersionError, ValidationError
+from alkstore.logic.codec import EncodedPayload, decode_payload
+from alkstore.logic.duration import duration, duration_us
+from alkstore.logic.redact import redact_url
+from alkstore.logic.resolution import Resolved
+from alkstore.logic.validation import duration_s, int_in_range
 
 __all__ = [
     "COMMON_OPTIONS",

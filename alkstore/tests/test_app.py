@@ -12,7 +12,7 @@ import pytest
 
 import alkstore
 from alkstore import App, QueueOpts, Task, UnknownEngineError, ValidationError
-from alkstore._task import default_task_name, parse_task_payload, task_payload
+from alkstore.runtime.task import default_task_name, parse_task_payload, task_payload
 
 
 @pytest.fixture
@@ -269,7 +269,7 @@ def test_default_names_of_script_functions_follow_the_module_name(tmp_path: Path
     script.write_text(
         textwrap.dedent(
             """
-            from alkstore._task import default_task_name
+            from alkstore.runtime.task import default_task_name
             def f(): pass
             class C:
                 def m(self): pass
@@ -342,7 +342,7 @@ def test_a_script_run_by_path_inside_a_package_enqueues_what_the_worker_runs(
 def test_default_names_of_scripts_walk_up_the_enclosing_packages(tmp_path: Path) -> None:
     """Each enclosing folder with an ``__init__.py`` is a package; the walk
     stops at the first without one (or whose name is no identifier)."""
-    code = "from alkstore._task import default_task_name\ndef f(): pass\n"
+    code = "from alkstore.runtime.task import default_task_name\ndef f(): pass\n"
     code += "print(default_task_name(f))\n"
     layout = {
         "top/a/b/jobs.py": "a.b.jobs.f",  # top has no __init__.py

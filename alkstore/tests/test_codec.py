@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from alkstore import MAX_NESTING, MAX_PAYLOAD_BYTES, ValidationError, decode_payload, encode_payload
-from alkstore._codec import JSON, OCTET_STREAM
+from alkstore.logic.codec import JSON, OCTET_STREAM
 
 utf8_text = st.text(st.characters(exclude_categories=("Cs",)))
 json_values = st.recursive(
@@ -196,7 +196,7 @@ def test_job_payload_is_decoded_from_its_bytes_on_first_read() -> None:
 
 
 def test_ints_decode_anywhere_or_are_refused() -> None:
-    from alkstore._codec import MAX_INT_DIGITS
+    from alkstore.logic.codec import MAX_INT_DIGITS
 
     widest = int("9" * MAX_INT_DIGITS)
     for value in (widest, -widest, [0, {"n": widest}]):

@@ -1,4 +1,4 @@
-"""Schedule specs (alkstore._cron): cron boundaries, DST, @every, validation.
+"""Schedule specs (alkstore.logic.cron): cron boundaries, DST, @every, validation.
 
 The DST expectations are Debian cron's (cron(8), which cronsim follows):
 *fixed-time* jobs (minute and hour fields not starting with ``*``) fire once
@@ -23,8 +23,8 @@ from cronsim import CronSim, CronSimError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from alkstore._cron import ScheduleSpec, parse_schedule
 from alkstore.errors import ValidationError
+from alkstore.logic.cron import ScheduleSpec, parse_schedule
 
 NY = "America/New_York"
 ONE_US = timedelta(microseconds=1)

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from alkstore import QueueOpts, ValidationError
-from alkstore import _validation as v
+from alkstore.logic import validation as v
 
 HUNDRED_YEARS_S = 100 * 365.25 * 86400
 

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 import alkstore
-from alkstore import UnknownEngineError, ValidationError, _registry
+from alkstore import UnknownEngineError, ValidationError
+from alkstore.contract import registry as _registry
 
 
 class Sentinel(Exception):

@@ -1,5 +1,5 @@
 """How a schedule is written to and read from its stored columns
-(``alkstore._schedule``; docs/decisions.md D27)."""
+(``alkstore.contract.schedule``; docs/decisions.md D27)."""
 
 from __future__ import annotations
 

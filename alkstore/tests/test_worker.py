@@ -28,13 +28,13 @@ from alkstore import (
     ValidationError,
     Worker,
     WorkerCounts,
-    _worker,
 )
-from alkstore._completer import Completer
-from alkstore._heartbeat import HEARTBEAT_FRACTION, Heartbeater
-from alkstore._pool import DaemonPool
-from alkstore._signals import stop_signals
-from alkstore._worker import describe_exception
+from alkstore.runtime import worker as _worker
+from alkstore.runtime.completer import Completer
+from alkstore.runtime.heartbeat import HEARTBEAT_FRACTION, Heartbeater
+from alkstore.runtime.pool import DaemonPool
+from alkstore.runtime.signals import stop_signals
+from alkstore.runtime.worker import describe_exception
 
 WAIT_S = 30.0
 

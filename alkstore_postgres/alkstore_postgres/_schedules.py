@@ -2,7 +2,7 @@
 the exactly-once firing of a boundary.
 
 A schedule is stored as the flat columns of
-:data:`alkstore._schedule.SCHEDULE_COLUMNS` (the enqueue options as one
+:data:`alkstore.contract.schedule.SCHEDULE_COLUMNS` (the enqueue options as one
 JSON text). Firing a boundary is one transaction: a conditional UPDATE of
 the schedule row guarded by its ``revision`` and ``next_run_at``, then the
 job's insert through :meth:`PostgresQueue._insert_tx` (the enqueue path's

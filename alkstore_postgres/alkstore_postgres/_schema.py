@@ -15,7 +15,7 @@ option ``schema=``), so none can collide with the application's tables:
     One row per queue that was ever paused: ``paused`` is the durable pause
     flag every claim checks (a primary-key probe inside the claim).
 ``schedules``
-    Named schedules (``alkstore._schedule.SCHEDULE_COLUMNS``), keyed by
+    Named schedules (``alkstore.contract.schedule.SCHEDULE_COLUMNS``), keyed by
     name; ``schedules_due`` orders them by ``next_run_at`` for the ticks.
 ``maintenance``
     One row per maintenance task (the expiry sweep, ...): when its next

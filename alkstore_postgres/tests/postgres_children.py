@@ -124,8 +124,8 @@ def fire_rounds(
     each call returned."""
     from datetime import timedelta
 
-    from alkstore._resolution import EnqueueOptions, resolve
     from alkstore.engine import EncodedPayload
+    from alkstore.logic.resolution import EnqueueOptions, resolve
     from alkstore_contract_tests import T0, ManualClock
 
     clock = ManualClock()

@@ -25,8 +25,8 @@ import pytest
 from postgres_proxy import StallingProxy
 
 from alkstore import QueueOpts
-from alkstore._signals import EXIT_AFTER_S
 from alkstore.errors import EngineError
+from alkstore.runtime.signals import EXIT_AFTER_S
 from alkstore_postgres import PostgresStore, channel_name
 from alkstore_postgres._maintenance import advisory_key
 

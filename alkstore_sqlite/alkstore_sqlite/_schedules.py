@@ -2,7 +2,7 @@
 ``_alkstore_schedules`` and the guard that fires each boundary once.
 
 A schedule is stored as the core's flat columns
-(:data:`alkstore._schedule.SCHEDULE_COLUMNS`, which are also the column
+(:data:`alkstore.contract.schedule.SCHEDULE_COLUMNS`, which are also the column
 names), instants as microseconds since the epoch like every other instant
 of the engine (:mod:`alkstore_sqlite._rows`).
 

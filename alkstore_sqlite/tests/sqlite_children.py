@@ -186,8 +186,8 @@ def requeue_after(url: str, barrier: Barrier, queue: str, job_id: int) -> bool:
 def fire_at_once(url: str, barrier: Barrier, name: str, boundary: datetime) -> int | None:
     """Fire the schedule ``name`` at ``boundary`` together with siblings that
     read the same revision; return the job id, or ``None`` if another won."""
-    from alkstore._resolution import EnqueueOptions, resolve
     from alkstore.engine import EncodedPayload
+    from alkstore.logic.resolution import EnqueueOptions, resolve
 
     with alkstore.open(url) as store:
         (schedule,) = [s for s in store._list_schedules(None) if s.name == name]

@@ -23,10 +23,10 @@ import pytest
 import sqlite_children
 
 from alkstore import QueueOpts, QueueStats
-from alkstore._resolution import EnqueueOptions, resolve
-from alkstore._schedule import Schedule
+from alkstore.contract.schedule import Schedule
 from alkstore.engine import EncodedPayload, WakeLatch
 from alkstore.errors import EngineError
+from alkstore.logic.resolution import EnqueueOptions, resolve
 from alkstore_contract_tests import T0, ManualClock
 from alkstore_sqlite import (
     SCHEMA_VERSION,

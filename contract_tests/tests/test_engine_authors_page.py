@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from alkstore._registry import ENTRY_POINT_GROUP
+from alkstore.contract.registry import ENTRY_POINT_GROUP
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "engine-authors.md"
 

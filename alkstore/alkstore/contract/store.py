@@ -13,20 +13,20 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from alkstore import _validation as v
-from alkstore._backoff import Rng
-from alkstore._callbacks import check_runs_when_called
-from alkstore._clock import Clock, check_clock, read_clock
-from alkstore._codec import JSON, EncodedPayload, encode_payload
-from alkstore._options import QueueOpts
-from alkstore._resolution import Resolved
-from alkstore._resolution import enqueue_options as check_enqueue_options
-from alkstore._schedule import CATCH_UP_POLICIES, Schedule, UnreadableSchedule
+from alkstore.contract.options import QueueOpts
+from alkstore.contract.schedule import CATCH_UP_POLICIES, Schedule, UnreadableSchedule
 from alkstore.errors import StoreClosedError, ValidationError
+from alkstore.logic import validation as v
+from alkstore.logic.backoff import Rng
+from alkstore.logic.callbacks import check_runs_when_called
+from alkstore.logic.clock import Clock, check_clock, read_clock
+from alkstore.logic.codec import JSON, EncodedPayload, encode_payload
+from alkstore.logic.resolution import Resolved
+from alkstore.logic.resolution import enqueue_options as check_enqueue_options
 
 if TYPE_CHECKING:
-    from alkstore._queue import Queue
-    from alkstore._subscription import Subscription
+    from alkstore.contract.queue import Queue
+    from alkstore.contract.subscription import Subscription
 
 __all__ = ["Store", "check_store"]
 
@@ -208,8 +208,8 @@ class Store(abc.ABC):
             ``ValidationError`` for a bad name, spec, zone, queue, payload,
             policy or option, before anything is written.
         """
-        from alkstore._cron import parse_schedule
-        from alkstore._queue import Queue
+        from alkstore.contract.queue import Queue
+        from alkstore.logic.cron import parse_schedule
 
         self._check_open()
         v.queue_name(name, "schedule name")

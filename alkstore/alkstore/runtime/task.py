@@ -16,12 +16,12 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, ParamSpec, TypeVar
 
-from alkstore import _validation as v
-from alkstore._resolution import enqueue_options
 from alkstore.errors import ValidationError
+from alkstore.logic import validation as v
+from alkstore.logic.resolution import enqueue_options
 
 if TYPE_CHECKING:
-    from alkstore._app import App
+    from alkstore.runtime.app import App
 
 __all__ = ["TaskCall", "Task", "default_task_name", "parse_task_payload", "task_payload"]
 

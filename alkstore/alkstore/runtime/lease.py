@@ -6,7 +6,7 @@ handle validity"). The worker and the outbox relay track, for each job they
 hold, when that is: on the store's clock (the deadline the claim or the last
 heartbeat set) and on the monotonic clock (the instant before that call plus
 the visibility timeout, an estimate that is never late). :class:`Lease` is
-that record; the :class:`~alkstore._heartbeat.Heartbeater` renews it.
+that record; the :class:`~alkstore.runtime.heartbeat.Heartbeater` renews it.
 
 Writes on a held job (ack, retry, fail, and the batched ``ack_batch``) that
 fail on an error that may pass (:class:`~alkstore.errors.EngineError` with
@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-from alkstore._handle import JobHandle
+from alkstore.contract.handle import JobHandle
 from alkstore.errors import EngineError
 
 __all__ = ["Lease", "gone_while_held", "store_now", "write_while_held"]

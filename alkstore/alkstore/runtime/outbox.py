@@ -9,15 +9,15 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from alkstore import _validation as v
-from alkstore._callbacks import check_ran, check_runs_when_called
-from alkstore._heartbeat import Heartbeater
-from alkstore._lease import Lease, write_while_held
-from alkstore._outcome import describe_exception, retry_or_bury
 from alkstore.errors import EngineError, ValidationError
+from alkstore.logic import validation as v
+from alkstore.logic.callbacks import check_ran, check_runs_when_called
+from alkstore.runtime.heartbeat import Heartbeater
+from alkstore.runtime.lease import Lease, write_while_held
+from alkstore.runtime.outcome import describe_exception, retry_or_bury
 
 if TYPE_CHECKING:
-    from alkstore._queue import Queue
+    from alkstore.contract.queue import Queue
 
 __all__ = ["DEFAULT_RELAY_BATCH", "Outbox", "Send"]
 
@@ -57,7 +57,7 @@ class Outbox:
     """
 
     def __init__(self, queue: Queue) -> None:
-        from alkstore._queue import Queue
+        from alkstore.contract.queue import Queue
 
         if not isinstance(queue, Queue):
             raise ValidationError(f"an Outbox needs a Queue, not {type(queue).__name__}")
@@ -109,13 +109,13 @@ class Outbox:
         :meth:`Queue.ack_batch`; each one it raised for is retried with the
         exception's text as ``last_error`` and the queue's backoff (dead at
         its attempt budget, with ``last_error`` ``"max attempts exceeded;
-        last error: <text>"``, :func:`~alkstore._outcome.retry_or_bury`).
+        last error: <text>"``, :func:`~alkstore.runtime.outcome.retry_or_bury`).
         Until its ack or retry, every claimed message is heartbeaten from a
         background thread every third of its visibility timeout, as a
         worker's jobs are, so a slow ``send`` does not let the batch lapse
         and be handed out again; an ack or retry that fails on an error
         that may pass is tried again while the claims hold
-        (:func:`~alkstore._lease.write_while_held`).
+        (:func:`~alkstore.runtime.lease.write_while_held`).
 
         Parameters
         ----------

@@ -14,9 +14,9 @@ One run is four kinds of threads:
   failure; a job whose handler returned is handed to the completer;
 - one completer thread acks finished jobs in batches, one ``ack_batch`` per
   queue per flush, and logs and counts their outcomes
-  (:mod:`alkstore._completer`, decision W14);
+  (:mod:`alkstore.runtime.completer`, decision W14);
 - one heartbeat thread keeps the claims of running jobs, and of finished jobs
-  waiting for their ack, alive (:mod:`alkstore._heartbeat`).
+  waiting for their ack, alive (:mod:`alkstore.runtime.heartbeat`).
 """
 
 from __future__ import annotations
@@ -34,25 +34,25 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from alkstore import _validation as v
-from alkstore._callbacks import NotRunError, check_ran
-from alkstore._completer import Completer
-from alkstore._handle import MAX_ATTEMPTS_EXCEEDED, JobHandle
-from alkstore._heartbeat import Heartbeater
-from alkstore._lease import Lease, gone_while_held, write_while_held
-from alkstore._outbox import Send
-from alkstore._outcome import Fail, Retry, describe_exception, retry_or_bury
-from alkstore._pool import DaemonPool
-from alkstore._scheduler import DEFAULT_TICK_INTERVAL_S, Scheduler
-from alkstore._signals import EXIT_AFTER_S, stop_signals
-from alkstore._sweeper import DEFAULT_SWEEP_INTERVAL_S, Sweeper
-from alkstore._task import Task, parse_task_payload
+from alkstore.contract.handle import MAX_ATTEMPTS_EXCEEDED, JobHandle
 from alkstore.errors import EngineError, StoreClosedError, ValidationError
+from alkstore.logic import validation as v
+from alkstore.logic.callbacks import NotRunError, check_ran
+from alkstore.runtime.completer import Completer
+from alkstore.runtime.heartbeat import Heartbeater
+from alkstore.runtime.lease import Lease, gone_while_held, write_while_held
+from alkstore.runtime.outbox import Send
+from alkstore.runtime.outcome import Fail, Retry, describe_exception, retry_or_bury
+from alkstore.runtime.pool import DaemonPool
+from alkstore.runtime.scheduler import DEFAULT_TICK_INTERVAL_S, Scheduler
+from alkstore.runtime.signals import EXIT_AFTER_S, stop_signals
+from alkstore.runtime.sweeper import DEFAULT_SWEEP_INTERVAL_S, Sweeper
+from alkstore.runtime.task import Task, parse_task_payload
 
 if TYPE_CHECKING:
-    from alkstore._app import App
-    from alkstore._queue import Queue
-    from alkstore._subscription import Subscription
+    from alkstore.contract.queue import Queue
+    from alkstore.contract.subscription import Subscription
+    from alkstore.runtime.app import App
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD_S",
@@ -192,7 +192,7 @@ class Worker:
 
     A retry at the job's ``max_attempts`` dead-letters it, with
     ``last_error`` ``"max attempts exceeded; last error: <error>"``
-    (:func:`~alkstore._outcome.retry_or_bury`). Each
+    (:func:`~alkstore.runtime.outcome.retry_or_bury`). Each
     outcome is one record on the ``alkstore.worker`` logger with the extra
     fields ``queue``, ``job_id``, ``task``, ``attempt``, ``duration_s`` and
     ``outcome``.
@@ -380,7 +380,7 @@ class Worker:
     def _on_signal(self, signum: int) -> bool:
         """The first stop signal stops; the next ends the grace period, and
         returns ``True``: run() must return now, or the process ends
-        (:func:`~alkstore._signals.stop_signals`)."""
+        (:func:`~alkstore.runtime.signals.stop_signals`)."""
         name = signal.Signals(signum).name
         with self._cond:
             # The flags first: another signal may come while this one logs,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from alkstore import _validation as v
 from alkstore.errors import ValidationError
+from alkstore.logic import validation as v
 
 __all__ = ["MAX_BACKOFF_CAP_S", "QueueOpts"]
 

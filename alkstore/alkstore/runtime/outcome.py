@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import traceback
 
-from alkstore import _validation as v
-from alkstore._handle import MAX_ATTEMPTS_EXCEEDED, JobHandle
+from alkstore.contract.handle import MAX_ATTEMPTS_EXCEEDED, JobHandle
 from alkstore.errors import ValidationError
+from alkstore.logic import validation as v
 
 __all__ = ["Fail", "Retry", "describe_exception", "retry_or_bury"]
 

@@ -7,12 +7,12 @@ import abc
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
-from alkstore import _validation as v
-from alkstore._backoff import backoff_delay_s
-from alkstore._job import Job, JobState
+from alkstore.contract.job import Job, JobState
+from alkstore.logic import validation as v
+from alkstore.logic.backoff import backoff_delay_s
 
 if TYPE_CHECKING:
-    from alkstore._queue import Queue
+    from alkstore.contract.queue import Queue
 
 __all__ = ["MAX_ATTEMPTS_EXCEEDED", "FAILED", "JobHandle"]
 

@@ -15,19 +15,19 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
-from alkstore import _validation as v
-from alkstore._callbacks import check_runs_when_called
-from alkstore._options import QueueOpts
-from alkstore._outbox import Outbox, Send
-from alkstore._registry import DEFAULT_URL, URL_ENV
-from alkstore._registry import open as open_store
-from alkstore._store import Store
-from alkstore._task import Task, default_task_name
+from alkstore.contract.options import QueueOpts
+from alkstore.contract.registry import DEFAULT_URL, URL_ENV
+from alkstore.contract.registry import open as open_store
+from alkstore.contract.store import Store
 from alkstore.errors import ValidationError
+from alkstore.logic import validation as v
+from alkstore.logic.callbacks import check_runs_when_called
+from alkstore.runtime.outbox import Outbox, Send
+from alkstore.runtime.task import Task, default_task_name
 
 if TYPE_CHECKING:
-    from alkstore._queue import Queue
-    from alkstore._worker import Worker
+    from alkstore.contract.queue import Queue
+    from alkstore.runtime.worker import Worker
 
 __all__ = ["DEFAULT_QUEUE", "App"]
 
@@ -247,7 +247,7 @@ class App:
             For a bad queue name or option, a name already registered,
             options that differ from those another task gave the same queue,
             or a function whose call does not run its body (``async def``, a
-            generator function: :func:`~alkstore._callbacks.check_runs_when_called`).
+            generator function: :func:`~alkstore.logic.callbacks.check_runs_when_called`).
         """
         v.queue_name(queue)
         opts = self._check_queue_opts(queue_opts) if queue_opts else None
@@ -386,6 +386,6 @@ class App:
         ValidationError
             For a bad queue name or option, or no queue to work.
         """
-        from alkstore._worker import Worker
+        from alkstore.runtime.worker import Worker
 
         return Worker(self, queues, concurrency, **options)

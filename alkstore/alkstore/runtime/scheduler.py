@@ -8,17 +8,17 @@ import threading
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from alkstore import _validation as v
-from alkstore._codec import EncodedPayload
-from alkstore._cron import parse_schedule
-from alkstore._resolution import EnqueueOptions, resolve
-from alkstore._schedule import UnreadableSchedule
-from alkstore._store import check_store
+from alkstore.contract.schedule import UnreadableSchedule
+from alkstore.contract.store import check_store
 from alkstore.errors import EngineError, StoreClosedError, ValidationError
+from alkstore.logic import validation as v
+from alkstore.logic.codec import EncodedPayload
+from alkstore.logic.cron import parse_schedule
+from alkstore.logic.resolution import EnqueueOptions, resolve
 
 if TYPE_CHECKING:
-    from alkstore._schedule import Schedule
-    from alkstore._store import Store
+    from alkstore.contract.schedule import Schedule
+    from alkstore.contract.store import Store
 
 __all__ = ["DEFAULT_MISFIRE_GRACE_S", "DEFAULT_TICK_INTERVAL_S", "Scheduler"]
 

@@ -7,14 +7,14 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from alkstore import _validation as v
-from alkstore._job import SweepResult
-from alkstore._options import QueueOpts
-from alkstore._store import check_store
+from alkstore.contract.job import SweepResult
+from alkstore.contract.options import QueueOpts
+from alkstore.contract.store import check_store
 from alkstore.errors import ValidationError
+from alkstore.logic import validation as v
 
 if TYPE_CHECKING:
-    from alkstore._store import Store
+    from alkstore.contract.store import Store
 
 __all__ = ["DEFAULT_SWEEP_INTERVAL_S", "SWEEP_TASK", "Sweeper"]
 

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
 
-from alkstore._redact import redact_url
-from alkstore._store import Store
+from alkstore.contract.store import Store
 from alkstore.errors import UnknownEngineError, ValidationError
+from alkstore.logic.redact import redact_url
 
 __all__ = ["DEFAULT_URL", "ENTRY_POINT_GROUP", "EngineFactory", "open", "register"]
 

@@ -7,17 +7,17 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from alkstore import _validation as v
-from alkstore._codec import EncodedPayload, encode_payload
-from alkstore._duration import duration
-from alkstore._job import Job, QueueStats, SweepResult
-from alkstore._options import QueueOpts
-from alkstore._resolution import EnqueueOptions, Resolved, enqueue_options, resolve
+from alkstore.contract.job import Job, QueueStats, SweepResult
+from alkstore.contract.options import QueueOpts
 from alkstore.errors import ValidationError
+from alkstore.logic import validation as v
+from alkstore.logic.codec import EncodedPayload, encode_payload
+from alkstore.logic.duration import duration
+from alkstore.logic.resolution import EnqueueOptions, Resolved, enqueue_options, resolve
 
 if TYPE_CHECKING:
-    from alkstore._handle import JobHandle
-    from alkstore._store import Store
+    from alkstore.contract.handle import JobHandle
+    from alkstore.contract.store import Store
 
 __all__ = ["Queue"]
 

@@ -24,11 +24,11 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any, Literal
 
-from alkstore import _validation as v
-from alkstore._codec import JSON, OCTET_STREAM, decode_payload
-from alkstore._cron import parse_schedule
-from alkstore._options import QueueOpts
-from alkstore._resolution import enqueue_options
+from alkstore.contract.options import QueueOpts
+from alkstore.logic import validation as v
+from alkstore.logic.codec import JSON, OCTET_STREAM, decode_payload
+from alkstore.logic.cron import parse_schedule
+from alkstore.logic.resolution import enqueue_options
 
 __all__ = [
     "CATCH_UP_POLICIES",
@@ -60,7 +60,7 @@ class Schedule:
         Unique within the store; the rule of a queue name.
     spec
         A 5-field cron expression, an alias such as ``@hourly``, or
-        ``@every 30s`` (see :func:`alkstore._cron.parse_schedule`).
+        ``@every 30s`` (see :func:`alkstore.logic.cron.parse_schedule`).
     timezone
         The IANA zone the cron fields are read in.
     queue

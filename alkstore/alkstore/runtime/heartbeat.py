@@ -18,9 +18,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from alkstore._handle import JobHandle
-from alkstore._lease import Lease, gone_while_held, store_now
+from alkstore.contract.handle import JobHandle
 from alkstore.errors import EngineError, StoreClosedError
+from alkstore.runtime.lease import Lease, gone_while_held, store_now
 
 __all__ = ["HEARTBEAT_FRACTION", "Heartbeater"]
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from alkstore import _validation as v
-from alkstore._duration import duration
-from alkstore._options import QueueOpts
+from alkstore.contract.options import QueueOpts
 from alkstore.errors import ValidationError
+from alkstore.logic import validation as v
+from alkstore.logic.duration import duration
 
 __all__ = ["EnqueueOptions", "Resolved", "enqueue_options", "resolve"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from alkstore._callbacks import check_runs_when_called
-from alkstore._validation import aware_utc
 from alkstore.errors import ValidationError
+from alkstore.logic.callbacks import check_runs_when_called
+from alkstore.logic.validation import aware_utc
 
 __all__ = ["Clock", "check_clock", "read_clock"]
 

@@ -8,11 +8,11 @@ import threading
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from alkstore import _validation as v
 from alkstore.errors import StoreClosedError
+from alkstore.logic import validation as v
 
 if TYPE_CHECKING:
-    from alkstore._store import Store
+    from alkstore.contract.store import Store
 
 __all__ = ["Subscription"]
 

@@ -9,7 +9,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any, Literal, NamedTuple
 
-from alkstore._codec import decode_payload
+from alkstore.logic.codec import decode_payload
 
 __all__ = ["JOB_FIELDS", "Job", "JobState", "QueueStats", "SweepResult", "job_from_values"]
 
