@@ -1,0 +1,181 @@
+"""``pause``, ``resume`` and ``dead list|requeue|purge`` (docs/operations.md)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+
+import click
+
+from alkstore.cli.context import Context, check_queue_name, fail
+from alkstore.cli.group import cli
+from alkstore.cli.options import APP_STORE, JOB_ID, SECONDS
+from alkstore.cli.render import job_fields, table, when
+from alkstore.contract.queue import Queue
+
+
+@cli.command()
+@click.argument("queue_name", metavar="QUEUE")
+@APP_STORE
+@click.pass_obj
+def pause(ctx: Context, *, queue_name: str, app_spec: str | None) -> None:
+    """Stop workers everywhere from claiming QUEUE's jobs (enqueues still land)."""
+    check_queue_name(ctx, queue_name)
+    with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
+        ctx.warn_unknown_queues(store, [queue_name])
+        changed = store.queue(queue_name).pause()
+    click.echo(
+        f"queue {queue_name} paused" if changed else f"queue {queue_name} was already paused"
+    )
+
+
+@cli.command()
+@click.argument("queue_name", metavar="QUEUE")
+@APP_STORE
+@click.pass_obj
+def resume(ctx: Context, *, queue_name: str, app_spec: str | None) -> None:
+    """Let workers claim QUEUE's jobs again."""
+    check_queue_name(ctx, queue_name)
+    with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
+        ctx.warn_unknown_queues(store, [queue_name])
+        changed = store.queue(queue_name).resume()
+    click.echo(f"queue {queue_name} resumed" if changed else f"queue {queue_name} was not paused")
+
+
+#: The most characters of ``last_error`` that ``dead list`` shows.
+LAST_ERROR_WIDTH = 80
+
+
+#: Ends a table cell whose text was cut short (as ``docker ps`` does).
+ELLIPSIS = "\u2026"
+
+
+def _first_line(text: str | None, width: int) -> str:
+    """The first line of ``text``, at most ``width`` characters, ending in
+    :data:`ELLIPSIS` when anything was left out (the rest of the line, or
+    further lines: a traceback); ``-`` for none."""
+    if not text:
+        return "-"
+    lines = text.splitlines()  # \r and the other line breaks too: one row each
+    first = lines[0] if lines else ""
+    more = bool(text[len(first) :].strip())
+    if len(first) > width:
+        return first[: width - 1] + ELLIPSIS
+    return first + ELLIPSIS if more else first
+
+
+@cli.group()
+def dead() -> None:
+    """List, requeue and purge a queue's dead letters."""
+
+
+@dead.command("list")
+@click.argument("queue_name", metavar="QUEUE")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True)
+@click.option("--after", "after_id", type=JOB_ID, metavar="ID", help="Page on.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line.")
+@APP_STORE
+@click.pass_obj
+def dead_list(
+    ctx: Context,
+    *,
+    queue_name: str,
+    limit: int,
+    after_id: int | None,
+    as_json: bool,
+    app_spec: str | None,
+) -> None:
+    """Show QUEUE's dead jobs in id order, --limit at a time (--after the
+    last id shown for the next page)."""
+    check_queue_name(ctx, queue_name)
+    with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
+        ctx.warn_unknown_queues(store, [queue_name])
+        jobs = store.queue(queue_name).dead_jobs(limit, after_id)
+    if as_json:
+        for found in jobs:
+            click.echo(json.dumps(job_fields(found), ensure_ascii=False))
+        return
+    if not jobs:
+        click.echo(f"no dead jobs in queue {queue_name}")
+        return
+    rows = [
+        (
+            str(found.id),
+            when(found.died_at),
+            f"{found.attempts}/{found.max_attempts}",
+            _first_line(found.last_error, LAST_ERROR_WIDTH),
+        )
+        for found in jobs
+    ]
+    click.echo(table(("id", "died_at", "attempts", "last_error"), rows))
+    if len(jobs) == limit:
+        click.echo(f"(more may follow: --after {jobs[-1].id})")
+
+
+@dead.command("requeue")
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("job_ids", metavar="[ID]...", nargs=-1, type=JOB_ID)
+@click.option("--all", "every", is_flag=True, help="Requeue every dead job of QUEUE.")
+@click.option("--delay", type=float, callback=SECONDS, metavar="SECONDS", help="Due this later.")
+@APP_STORE
+@click.pass_obj
+def dead_requeue(
+    ctx: Context,
+    *,
+    queue_name: str,
+    job_ids: tuple[int, ...],
+    every: bool,
+    delay: float | None,
+    app_spec: str | None,
+) -> None:
+    """Move dead jobs of QUEUE back to pending, each with a renewed attempt
+    budget (its attempts so far are kept)."""
+    check_queue_name(ctx, queue_name)
+    if bool(job_ids) == every:
+        fail("give the dead job ids to requeue, or --all (not both)")
+    requeued = missing = 0
+    with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
+        ctx.warn_unknown_queues(store, [queue_name])
+        queue = store.queue(queue_name)
+        for job_id in job_ids or _every_dead_id(queue):
+            if queue.requeue(job_id, delay=delay):
+                requeued += 1
+            else:
+                missing += 1
+                click.echo(f"job {job_id} is not a dead job of queue {queue_name}", err=True)
+    click.echo(f"{requeued} job(s) requeued")
+    if missing:
+        sys.exit(1)
+
+
+def _every_dead_id(queue: Queue) -> Iterator[int]:
+    after: int | None = None
+    while page := queue.dead_jobs(1000, after):
+        yield from (found.id for found in page)
+        after = page[-1].id
+
+
+@dead.command("purge")
+@click.argument("queue_name", metavar="QUEUE")
+@click.option(
+    "--older-than",
+    type=float,
+    callback=SECONDS,
+    metavar="SECONDS",
+    help="Only jobs dead at least this long [default: all].",
+)
+@click.option("--yes", is_flag=True, help="Purge all without asking.")
+@APP_STORE
+@click.pass_obj
+def dead_purge(
+    ctx: Context, *, queue_name: str, older_than: float | None, yes: bool, app_spec: str | None
+) -> None:
+    """Delete QUEUE's dead jobs for good."""
+    check_queue_name(ctx, queue_name)
+    if older_than is None and not yes:
+        click.confirm(f"delete every dead job of queue {queue_name}?", abort=True)
+    with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
+        ctx.warn_unknown_queues(store, [queue_name])
+        purged = store.queue(queue_name).purge_dead(older_than)
+    click.echo(f"{purged} dead job(s) purged")

@@ -1,0 +1,39 @@
+"""How the command prints: tables, instants, and jobs as JSON-ready fields."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from alkstore.contract.job import Job
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    cells = [list(header), *map(list, rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in cells
+    )
+
+
+def when(value: datetime | None) -> str:
+    return "-" if value is None else value.isoformat(timespec="seconds")
+
+
+def jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return {"base64": base64.b64encode(value).decode("ascii")}
+    return value
+
+
+def job_fields(job: Job) -> dict[str, Any]:
+    # The decoded payload stands where its bytes are in the dataclass.
+    names = ["payload" if f.name == "payload_bytes" else f.name for f in dataclasses.fields(job)]
+    fields = {name: getattr(job, name) for name in names}
+    return {name: jsonable(value) for name, value in fields.items()}
