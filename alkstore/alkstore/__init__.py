@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from alkstore.contract.handle import JobHandle
 from alkstore.contract.job import Job, JobState, QueueStats, SweepResult
-from alkstore.contract.options import QueueOpts
 from alkstore.contract.queue import Queue
 from alkstore.contract.registry import DEFAULT_URL, open, register
 from alkstore.contract.schedule import Schedule, UnreadableSchedule
@@ -28,6 +27,7 @@ from alkstore.errors import (
 from alkstore.logic.backoff import Rng, backoff_ceiling_s, backoff_delay_s
 from alkstore.logic.clock import Clock
 from alkstore.logic.codec import MAX_NESTING, MAX_PAYLOAD_BYTES, decode_payload, encode_payload
+from alkstore.logic.options import QueueOpts
 from alkstore.logic.resolution import enqueue_options, resolve
 from alkstore.runtime.app import App
 from alkstore.runtime.outbox import Outbox

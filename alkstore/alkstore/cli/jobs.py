@@ -33,12 +33,12 @@ from alkstore.cli.options import (
 )
 from alkstore.cli.render import job_fields
 from alkstore.contract.job import QueueStats
-from alkstore.contract.options import QueueOpts
 from alkstore.contract.queue import Queue
 from alkstore.contract.store import Store
 from alkstore.errors import SchemaVersionError
 from alkstore.logic import validation as v
 from alkstore.logic.codec import encode_payload
+from alkstore.logic.options import QueueOpts
 from alkstore.logic.resolution import enqueue_options, resolve
 from alkstore.runtime.app import App
 from alkstore.runtime.task import parse_task_payload

@@ -8,11 +8,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from alkstore.contract.job import Job, QueueStats, SweepResult
-from alkstore.contract.options import QueueOpts
 from alkstore.errors import ValidationError
 from alkstore.logic import validation as v
 from alkstore.logic.codec import EncodedPayload, encode_payload
 from alkstore.logic.duration import duration
+from alkstore.logic.options import QueueOpts
 from alkstore.logic.resolution import EnqueueOptions, Resolved, enqueue_options, resolve
 
 if TYPE_CHECKING:

@@ -24,10 +24,10 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any, Literal
 
-from alkstore.contract.options import QueueOpts
 from alkstore.logic import validation as v
 from alkstore.logic.codec import JSON, OCTET_STREAM, decode_payload
 from alkstore.logic.cron import parse_schedule
+from alkstore.logic.options import QueueOpts
 from alkstore.logic.resolution import enqueue_options
 
 __all__ = [

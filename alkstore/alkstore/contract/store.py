@@ -13,7 +13,6 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from alkstore.contract.options import QueueOpts
 from alkstore.contract.schedule import CATCH_UP_POLICIES, Schedule, UnreadableSchedule
 from alkstore.errors import StoreClosedError, ValidationError
 from alkstore.logic import validation as v
@@ -21,6 +20,7 @@ from alkstore.logic.backoff import Rng
 from alkstore.logic.callbacks import check_runs_when_called
 from alkstore.logic.clock import Clock, check_clock, read_clock
 from alkstore.logic.codec import JSON, EncodedPayload, encode_payload
+from alkstore.logic.options import QueueOpts
 from alkstore.logic.resolution import Resolved
 from alkstore.logic.resolution import enqueue_options as check_enqueue_options
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from alkstore.contract.options import QueueOpts
 from alkstore.errors import ValidationError
 from alkstore.logic import validation as v
 from alkstore.logic.duration import duration
+from alkstore.logic.options import QueueOpts
 
 __all__ = ["EnqueueOptions", "Resolved", "enqueue_options", "resolve"]
 

@@ -15,13 +15,13 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
-from alkstore.contract.options import QueueOpts
 from alkstore.contract.registry import DEFAULT_URL, URL_ENV
 from alkstore.contract.registry import open as open_store
 from alkstore.contract.store import Store
 from alkstore.errors import ValidationError
 from alkstore.logic import validation as v
 from alkstore.logic.callbacks import check_runs_when_called
+from alkstore.logic.options import QueueOpts
 from alkstore.runtime.outbox import Outbox, Send
 from alkstore.runtime.task import Task, default_task_name
 

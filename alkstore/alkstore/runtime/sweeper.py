@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from alkstore.contract.job import SweepResult
-from alkstore.contract.options import QueueOpts
 from alkstore.contract.store import check_store
 from alkstore.errors import ValidationError
 from alkstore.logic import validation as v
+from alkstore.logic.options import QueueOpts
 
 if TYPE_CHECKING:
     from alkstore.contract.store import Store
