@@ -1,7 +1,7 @@
 """Server restarts (issue 13, item 2): ``pg_ctl restart -m fast`` and ``-m
 immediate`` (a crash: the server replays its WAL) in the middle of a drain,
-with real worker processes and a scheduler running, against a throwaway
-cluster of the test's own.
+with real worker processes and a scheduler running, and a stop longer than
+the visibility timeout, against a throwaway cluster of the test's own.
 
 What must hold (docs/deployment.md "Restarts and failover"):
 
@@ -12,7 +12,8 @@ What must hold (docs/deployment.md "Restarts and failover"):
   held both runs), because the claim lapsed;
 * workers run jobs again within :data:`RECOVERY_BOUND_S` of the server
   accepting connections again: the pool tries the server about once a
-  second however long it was away;
+  second however long it was away, and an operation that waited for a
+  connection is judged at the instant it runs;
 * each worker's LISTEN connection heals: with a re-poll interval longer
   than the test, a job enqueued afterwards runs only if its wake arrives;
 * the scheduler fires each boundary at most once across the restart, and
@@ -37,7 +38,9 @@ from postgres_workers import (
     AppProcess,
     counts_of,
     not_recorded,
+    release,
     runs_of,
+    started_of,
     write_app,
 )
 
@@ -168,6 +171,47 @@ def test_a_restart_mid_drain_loses_nothing_and_workers_resume(
     assert len(fired) == len(set(fired)), fired
 
 
+def test_an_outage_longer_than_the_visibility_timeout_reruns_held_jobs_each_logged_lost(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # The jobs' claims lapse while the server is down: their acks cannot
+    # land, so they run again; each such job is one its worker logged lost.
+    url, schema = cluster.url(), fresh_schema_name()
+    visibility_timeout_s = 3.0
+    env = write_app(
+        tmp_path,
+        url=url,
+        schema=schema,
+        query_timeout_s=1.0,
+        visibility_timeout_s=visibility_timeout_s,
+    )
+    held = 4
+    with contextlib.ExitStack() as stack:
+        store = stack.enter_context(alkstore.open(url, schema=schema, query_timeout_s=1.0))
+        q = store.queue(QUEUE, QueueOpts(visibility_timeout_s=visibility_timeout_s))
+        ids = q.enqueue_many([{"task": "hold", "args": [i]} for i in range(held)])
+        args = ["worker", "jobs:app", "-q", QUEUE, "-c", str(held // 2)]
+        workers = [stack.enter_context(AppProcess(tmp_path, env, *args)) for _ in range(2)]
+        wait_until(lambda: set(started_of(tmp_path)) == set(range(held)), "every job to start")
+        cluster.stop("fast")
+        # The last heartbeat came before the stop, so every claim has lapsed
+        # (on the server's clock, this host's) a visibility timeout later.
+        stopped_at = time.time()
+        wait_until(
+            lambda: time.time() > stopped_at + visibility_timeout_s + 0.5,
+            "the claims to lapse",
+        )
+        release(tmp_path)  # the first runs finish; their acks wait for the server
+        cluster.start()
+        wait_until(lambda: counts_of(tmp_path) == dict.fromkeys(range(held), 2), "the reruns")
+        wait_until(lambda: q.stats() == (0, 0, 0, 0), "every job to be acked")
+        for worker in workers:  # each logs every outcome before it exits
+            assert worker.stop(WAIT_S) == 0, worker.log
+        logs = "".join(worker.log for worker in workers)
+    lost = not_recorded(logs)
+    assert lost == set(ids), logs
+
+
 class _ConnectFailures(logging.Handler):
     """Counts the pool's failed connection attempts (psycopg_pool logs each
     one at WARNING as ``error connecting in 'NAME': ...``)."""
@@ -239,3 +283,70 @@ def test_the_pool_tries_the_server_every_second_however_long_it_was_down(
         assert back_s < 2.5
     finally:
         store.close()
+
+
+def test_a_claim_and_an_ack_that_waited_out_an_outage_are_judged_when_they_run(
+    cluster: Cluster,
+) -> None:
+    # An operation's instant is read once its connection is at hand: a claim
+    # that waited for the server longer than its visibility timeout still
+    # holds a whole one (read before the wait, its deadline was already past,
+    # and another worker took the job at once), and an ack whose claim
+    # lapsed while it waited is refused (it was accepted, judged at an
+    # instant before the lapse).
+    visibility_timeout_s = 2.0
+    schema = fresh_schema_name()
+    opts = QueueOpts(visibility_timeout_s=visibility_timeout_s)
+    with contextlib.ExitStack() as stack:
+        waiting = stack.enter_context(
+            alkstore.open(cluster.url(), schema=schema, query_timeout_s=1, pool_max_size=2)
+        )
+        other = stack.enter_context(alkstore.open(cluster.url(), schema=schema))
+        q = waiting.queue("jobs", opts)
+        held_id = waiting.queue("held", opts).enqueue("held")
+        held = waiting.queue("held", opts).claim_one("w")
+        assert held is not None
+        assert held.id == held_id
+        claimed_id = q.enqueue("claimed")
+        cluster.stop("fast")
+        results: dict[str, object] = {}
+        started: dict[str, threading.Event] = {}
+
+        def run(name: str, call: Callable[[], object]) -> threading.Thread:
+            started[name] = threading.Event()
+
+            def target() -> None:
+                started[name].set()
+                try:
+                    results[name] = call()
+                except BaseException as error:
+                    results[name] = error
+
+            thread = threading.Thread(target=target, daemon=True)
+            thread.start()
+            return thread
+
+        threads = [run("claim", lambda: q.claim_one("w")), run("ack", held.ack)]
+        assert all(event.wait(WAIT_S) for event in started.values())
+        called_at = time.time()
+        # Every claim made before the calls has lapsed on the server's clock
+        # (this host's) once a visibility timeout has passed since them.
+        wait_until(
+            lambda: time.time() > called_at + visibility_timeout_s + 0.5,
+            "the visibility timeout to pass",
+        )
+        cluster.start()
+        for thread in threads:
+            thread.join(WAIT_S)
+        # The ack came after its claim had lapsed: refused, the job is left
+        # for a reclaim.
+        assert results["ack"] is False
+        reclaimed = other.queue("held", opts).claim_one("other")
+        assert reclaimed is not None
+        assert reclaimed.id == held_id
+        claimed = results["claim"]
+        assert isinstance(claimed, alkstore.JobHandle), results
+        assert claimed.id == claimed_id
+        # The claim holds: nobody else can take the job, and it can beat.
+        assert other.queue("jobs", opts).claim_one("other") is None
+        assert claimed.heartbeat()
