@@ -54,8 +54,15 @@ class ServerClock:
         """Use a sample taken elsewhere (at open, on a connection at hand)."""
         self._base = (server.astimezone(UTC), monotonic_s)
 
-    def now(self) -> datetime:
+    def now(self, sample: Sample | None = None) -> datetime:
         """The server's current time, aware UTC.
+
+        Parameters
+        ----------
+        sample
+            Reads the server's clock if a re-sample is due, instead of the
+            one given at construction (an operation passes one on the
+            connection it holds).
 
         Raises
         ------
@@ -68,7 +75,7 @@ class ServerClock:
             with self._lock:
                 base = self._base
                 if base is None or self._monotonic() - base[1] >= RESAMPLE_AFTER_S:
-                    server, mid_s = self._sample()
+                    server, mid_s = (sample or self._sample)()
                     base = self._base = (server.astimezone(UTC), mid_s)
             now_s = self._monotonic()
         server, mid_s = base

@@ -38,7 +38,7 @@ from psycopg.adapt import Dumper
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import Format
 from psycopg.rows import TupleRow, tuple_row
-from psycopg_pool import ConnectionPool, PoolClosed
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from alkstore.errors import EngineError, StoreClosedError
 from alkstore_postgres._watchdog import Guard, Watchdog
@@ -209,6 +209,10 @@ _KEEPALIVES_COUNT = 3
 # and Linux's cap on TCP_KEEPIDLE and TCP_KEEPINTVL.
 _INT_MAX = 2**31 - 1
 _KEEPALIVE_MAX_S = 32767
+#: Seconds between tries to connect while operations wait for a connection
+#: and the server does not answer (a restart, a failover): see
+#: Database._take.
+RECONNECT_EVERY_S = 1.0
 
 
 def _session_options(conninfo: str, query_timeout_s: float) -> str:
@@ -326,6 +330,8 @@ class Database:
             min_size=self._min_size,
             max_size=self._max_size,
             timeout=self.timeout_s,
+            # A failed connect is tried once more, then given up (see _take).
+            reconnect_timeout=RECONNECT_EVERY_S,
             open=False,
             name=self._name,
         )
@@ -438,14 +444,35 @@ class Database:
         # instead of failing the operation that would take them; so are the
         # connections made before a call on another one went unanswered.
         for _ in range(self._max_size):
-            conn = self._pool.getconn()
+            conn = self._take()
             if self._connections.get(conn, math.inf) > self._suspect_before and _idle_and_alive(
                 conn
             ):
                 return conn
             conn.close()
             self._pool.putconn(conn)
-        return self._pool.getconn()
+        return self._take()
+
+    def _take(self) -> Conn:
+        # psycopg_pool tries a failed connect again after a pause that
+        # doubles each time (1, 2, 4, 8 ... s): a server back after an
+        # outage of 7 s would be tried 8 s later, and every operation waiting
+        # for a connection would wait with it. So the pool gives a failed
+        # connect up after its second try (reconnect_timeout), and an
+        # operation waiting for a connection asks again every
+        # RECONNECT_EVERY_S, which makes the pool start a new connect at
+        # once: the server is tried about once a second for as long as
+        # anyone waits, however long it was away; still within timeout_s.
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            wait_s = min(deadline - time.monotonic(), RECONNECT_EVERY_S)
+            try:
+                return self._pool.getconn(max(wait_s, 0.001))
+            except PoolTimeout:
+                if time.monotonic() >= deadline:
+                    raise PoolTimeout(
+                        f"couldn't get a connection after {self.timeout_s:.2f} sec"
+                    ) from None
 
     def connect(self, **kwargs: Any) -> Conn:
         """Open a direct autocommit connection (not from the pool), with the

@@ -17,7 +17,8 @@ deadline decides, as in the SQLite engine. A ``scheduled`` row, like a
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from psycopg import sql
@@ -68,29 +69,39 @@ class PostgresJobHandle(JobHandle):
         super().__init__(queue, job)
         self._pg_queue = queue
 
-    def _run(self, statement: Statement | sql.SQL, **params: Any) -> bool:
+    def _run(
+        self,
+        statement: Statement | sql.SQL,
+        at: Callable[[datetime], dict[str, Any]] | None = None,
+        **params: Any,
+    ) -> bool:
+        # The instant is read once the connection is at hand (see
+        # PostgresStore._now_on); ``at`` derives the other instants from it.
         store = self._pg_queue._pg_store
         params.update(id=self._job.id, attempts=self._job.attempts)
-        if "now" not in params:
-            params["now"] = store._now()
         with store._db.connection() as conn:
+            now = params["now"] = store._now_on(conn)
+            if at is not None:
+                params.update(at(now))
             return conn.execute(store.sql(statement), params, prepare=True).rowcount == 1
 
     def _ack(self) -> bool:
         return self._run(ACK)
 
     def _retry(self, error: str, delay_s: float) -> bool:
-        now = self._pg_queue._pg_store._now()
-        run_at = now + duration(delay_s)
-        state = "scheduled" if run_at > now else "pending"
-        return self._run(RETRY, now=now, run_at=run_at, state=state, error=error)
+        delay = duration(delay_s)
+
+        def at(now: datetime) -> dict[str, Any]:
+            run_at = now + delay
+            return {"run_at": run_at, "state": "scheduled" if run_at > now else "pending"}
+
+        return self._run(RETRY, at, error=error)
 
     def _dead_letter(self, error: str) -> bool:
         return self._run(DEAD_LETTER, error=error)
 
     def _heartbeat(self, extend_s: float) -> bool:
-        now = self._pg_queue._pg_store._now()
         # At least a microsecond, as at claim time: a heartbeat that took
         # effect never leaves the claim already lapsed.
         extend = max(duration(extend_s), _MICROSECOND)
-        return self._run(HEARTBEAT, now=now, deadline=now + extend)
+        return self._run(HEARTBEAT, lambda now: {"deadline": now + extend})

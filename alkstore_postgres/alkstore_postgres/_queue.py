@@ -478,14 +478,14 @@ class PostgresQueue(Queue):
 
     def _claim(self, worker_id: str, n: int) -> list[JobHandle]:
         store = self._pg_store
-        now = store._now()
         # LIMIT takes a bigint; no table holds more rows than that anyway.
         n = min(n, _INT64_MAX)
-        params = (self._name, now, worker_id)
         # A larger n is sent unprepared: planned at its call, knowing its LIMIT.
         prepare = n <= _LITERAL_N_MAX
         query = _claim_query(store.schema, n)
         with store._db.connection() as conn, psycopg.RawCursor(conn) as cur:
+            # Read once the connection is at hand (PostgresStore._now_on).
+            params = (self._name, store._now_on(conn), worker_id)
             rows = cur.execute(query, params, prepare=prepare, binary=True).fetchall()
         jobs = sorted(map(job_from_row, rows), key=_claim_order)
         return [PostgresJobHandle(self, job) for job in jobs]
@@ -495,10 +495,11 @@ class PostgresQueue(Queue):
         if not ids:
             return 0
         store = self._pg_store
-        params = {"ids": ids, "queue": self._name, "now": store._now()}
         for attempt in range(_DEADLOCK_ATTEMPTS):
             try:
                 with store._db.connection() as conn:
+                    # Read once the connection is at hand (PostgresStore._now_on).
+                    params = {"ids": ids, "queue": self._name, "now": store._now_on(conn)}
                     return conn.execute(store.sql(ACK_BATCH), params, prepare=True).rowcount
             except EngineError as error:
                 # Two batches waiting for each other's rows: PostgreSQL

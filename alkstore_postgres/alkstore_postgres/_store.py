@@ -252,6 +252,23 @@ class PostgresStore(Store):
         with self._db.connection() as conn:
             return _sample_clock(conn)
 
+    def _now_on(self, conn: Conn) -> datetime:
+        """``_now()`` for an operation that holds ``conn``, read once the
+        connection is at hand: an operation that waited for one (the server
+        restarting, the pool busy) is judged at the instant it runs, not
+        when it was called (docs/contract.md §3 "Claim identity and handle
+        validity"). A due re-sample of the server's clock runs on ``conn``:
+        no second pooled connection may be free.
+
+        Raises
+        ------
+        psycopg.Error
+            If the re-sample fails.
+        """
+        if self._clock_injected:
+            return self._now()
+        return self._server_clock.now(lambda: _sample_clock(conn))
+
     def _is_own_database(self, identity: DatabaseIdentity) -> bool:
         """Whether ``identity`` (see ``database_identity``) is this store's
         database; after a server restart, the store's is read again."""

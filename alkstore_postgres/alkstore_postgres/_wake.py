@@ -305,6 +305,11 @@ class Listener:
         assert self._poke_r is not None
         listening: set[str] = set()
         lost = False
+        # The pause before the next reconnection: it grows while new
+        # connections fail before their LISTENs are in place (a hot standby
+        # accepts the connection and refuses LISTEN), so that is retried
+        # with backoff rather than in a tight loop.
+        pause = 0.0
         try:
             while True:
                 with self._cond:
@@ -315,11 +320,12 @@ class Listener:
                     calls, self._calls = self._calls, []
                     check, self._check = self._check, False
                 if conn is None:
-                    conn = self._conn = self._reconnect()
+                    conn = self._conn = self._reconnect(pause)
                     if conn is None:
                         for result in calls:
                             result.fail(StoreClosedError("the store is closed"))
                         return
+                    pause = _next_pause(pause)
                     listening = set()
                     lost = True
                     check = False
@@ -338,6 +344,7 @@ class Listener:
                     if lost:
                         self._set_all()
                         lost = False
+                        pause = 0.0
                     while calls:
                         call_guard = guard(conn)
                         calls.pop(0).run(conn, call_guard)
@@ -382,9 +389,10 @@ class Listener:
         else:
             conn.execute("SELECT 1")
 
-    def _reconnect(self) -> Conn | None:
+    def _reconnect(self, pause: float) -> Conn | None:
+        # Waits ``pause`` seconds first (unless 0), then longer after each
+        # failed connect.
         assert self._poke_r is not None
-        pause = 0.0
         while True:
             with self._cond:
                 if self._stopped:
@@ -403,7 +411,11 @@ class Listener:
                 return self._connect()
             except AlkstoreError as error:
                 log.warning("cannot reopen the LISTEN connection: %s", error)
-            pause = min(max(pause * 2, _RECONNECT_FIRST_S), _RECONNECT_MAX_S)
+            pause = _next_pause(pause)
+
+
+def _next_pause(pause: float) -> float:
+    return min(max(pause * 2, _RECONNECT_FIRST_S), _RECONNECT_MAX_S)
 
 
 # Every Listener of this process, to reset in a forked child.

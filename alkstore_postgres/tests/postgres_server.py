@@ -13,6 +13,11 @@ unset the tests try, in order:
 
 With ``ALKSTORE_REQUIRE_POSTGRES=1`` (as ``.ci/run`` sets) any such skip is a
 failure instead, so a CI run can never pass without the server.
+
+A test that restarts, crashes, stops or promotes a server makes its own
+:class:`Cluster` (:func:`throwaway_cluster`), whatever the variable says, and
+never touches the shared one; without ``initdb``/``pg_ctl``/``pg_basebackup``
+it is skipped, or fails under ``ALKSTORE_REQUIRE_POSTGRES=1``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,10 +71,14 @@ def _from_testcontainers(stack: contextlib.ExitStack, reasons: list[str]) -> str
     return url
 
 
-def _find_pg_bin() -> Path | None:
+def find_pg_bin() -> Path | None:
+    """The folder of the server's programs (``initdb``, ``pg_ctl``,
+    ``pg_basebackup``): that of ``initdb`` on ``PATH``, links followed (a
+    link in ``/usr/local/bin`` leads to the real folder, which has them
+    all), else the newest ``/usr/lib/postgresql/*/bin`` (Debian's layout)."""
     found = shutil.which("initdb")
     if found and shutil.which("pg_ctl"):
-        return Path(found).parent
+        return Path(found).resolve().parent
     candidates = sorted(
         glob.glob("/usr/lib/postgresql/*/bin/initdb"),
         key=lambda p: [int(x) for x in Path(p).parent.parent.name.split(".") if x.isdigit()],
@@ -83,50 +93,231 @@ def _free_port() -> int:
         return port
 
 
-def _from_initdb(stack: contextlib.ExitStack, reasons: list[str]) -> str | None:
-    bindir = _find_pg_bin()
-    if bindir is None:
-        reasons.append("no initdb/pg_ctl on PATH or under /usr/lib/postgresql/*/bin")
-        return None
-    prefix: list[str] = []
+class ClusterUnavailable(Exception):
+    """No throwaway cluster can be made here (the reason is the message)."""
+
+
+def _run_as() -> tuple[list[str], pwd.struct_passwd | None]:
+    # initdb and postgres refuse to run as root: run them as 'postgres' (or
+    # 'nobody') through runuser.
+    if os.geteuid() != 0:
+        return [], None
     user = None
-    if os.geteuid() == 0:
-        for name in ("postgres", "nobody"):
-            with contextlib.suppress(KeyError):
-                user = pwd.getpwnam(name)
-                break
-        runuser = shutil.which("runuser")
-        if user is None or runuser is None:
-            reasons.append("running as root and no 'postgres'/'nobody' user or runuser for initdb")
-            return None
-        prefix = [runuser, "-u", user.pw_name, "--"]
-    base = Path(tempfile.mkdtemp(prefix="alkstore-pg-"))
-    stack.callback(shutil.rmtree, base, ignore_errors=True)
-    if user is not None:
-        os.chown(base, user.pw_uid, user.pw_gid)
-    data, port = base / "data", _free_port()
+    for name in ("postgres", "nobody"):
+        with contextlib.suppress(KeyError):
+            user = pwd.getpwnam(name)
+            break
+    runuser = shutil.which("runuser")
+    if user is None or runuser is None:
+        raise ClusterUnavailable(
+            "running as root and no 'postgres'/'nobody' user or runuser for initdb"
+        )
+    return [runuser, "-u", user.pw_name, "--"], user
 
-    def run(*args: str) -> None:
-        subprocess.run([*prefix, *args], check=True, capture_output=True, timeout=_START_TIMEOUT_S)
 
+class Cluster:
+    """A throwaway PostgreSQL cluster of the test's own, in a temporary
+    folder, listening on 127.0.0.1 at a free port: made with ``initdb``
+    (:meth:`create`) or as a hot standby of another with ``pg_basebackup
+    -R`` (:meth:`standby`), run with ``pg_ctl``. Never the shared server,
+    so a test may restart, crash, stop or promote it.
+
+    :meth:`start`, :meth:`restart` and :meth:`promote` return the instant
+    the server first accepted a connection (or, promoted, a write), found
+    by trying every 10 ms; every wait is bounded by :data:`_START_TIMEOUT_S`.
+    At the end of the ``ExitStack`` given to the constructor the server is
+    stopped (``-m immediate``) and the folder removed.
+
+    ``settings`` are server settings (``-c name=value``) added to the
+    defaults: ``fsync=off`` (only an operating-system crash needs it; a
+    server crash, ``pg_ctl stop -m immediate``, still replays every
+    committed transaction from the WAL in the page cache) and
+    ``max_connections=200``.
+    """
+
+    def __init__(
+        self, stack: contextlib.ExitStack, *, settings: dict[str, str] | None = None
+    ) -> None:
+        bindir = find_pg_bin()
+        if bindir is None:
+            raise ClusterUnavailable("no initdb/pg_ctl on PATH or under /usr/lib/postgresql/*/bin")
+        self.bindir = bindir
+        self._prefix, user = _run_as()
+        self.base = Path(tempfile.mkdtemp(prefix="alkstore-pg-"))
+        stack.callback(shutil.rmtree, self.base, ignore_errors=True)
+        if user is not None:
+            os.chown(self.base, user.pw_uid, user.pw_gid)
+        self.data = self.base / "data"
+        self.log = self.base / "log"
+        self.port = _free_port()
+        self.settings = {"fsync": "off", "max_connections": "200", **(settings or {})}
+        stack.callback(self._stop_quietly)
+
+    @classmethod
+    def create(
+        cls, stack: contextlib.ExitStack, *, settings: dict[str, str] | None = None
+    ) -> Cluster:
+        """A new cluster (``initdb``, trust authentication, user
+        ``postgres``), started.
+
+        Raises
+        ------
+        ClusterUnavailable
+            If no cluster can be made on this machine.
+        subprocess.SubprocessError
+            If ``initdb`` or ``pg_ctl start`` fails.
+        """
+        cluster = cls(stack, settings=settings)
+        cluster.run("initdb", "-D", str(cluster.data), "-U", "postgres", "-A", "trust",
+                    "-E", "UTF8", "--no-sync")  # fmt: skip
+        cluster.start()
+        return cluster
+
+    def standby(
+        self, stack: contextlib.ExitStack, *, settings: dict[str, str] | None = None
+    ) -> Cluster:
+        """A hot standby of this (running) cluster: ``pg_basebackup -R``
+        (streaming replication, ``standby.signal``, ``primary_conninfo``
+        naming this cluster, ``application_name`` ``standby``), started;
+        it replays this cluster's WAL until :meth:`promote`."""
+        if not (self.bindir / "pg_basebackup").exists():
+            raise ClusterUnavailable(f"no pg_basebackup in {self.bindir}")
+        standby = type(self)(stack, settings=settings)
+        conninfo = f"host=127.0.0.1 port={self.port} user=postgres application_name=standby"
+        standby.run("pg_basebackup", "-D", str(standby.data), "-d", conninfo, "-R",
+                    "-X", "stream", "-c", "fast", "--no-sync")  # fmt: skip
+        standby.start()
+        return standby
+
+    def url(self, database: str = "postgres") -> str:
+        """``postgresql://postgres@127.0.0.1:PORT/DATABASE``."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def run(self, program: str, *args: str) -> str:
+        """Run one of the server's programs as the cluster's user; its output.
+
+        Raises
+        ------
+        subprocess.CalledProcessError
+            With its stderr, if it fails.
+        """
+        done = subprocess.run(
+            [*self._prefix, str(self.bindir / program), *args],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=_START_TIMEOUT_S,
+        )
+        return done.stdout
+
+    def _options(self) -> str:
+        options = f"-c listen_addresses=127.0.0.1 -p {self.port} "
+        options += f"-c unix_socket_directories={self.base}"
+        return " ".join([options, *(f"-c {k}={v}" for k, v in self.settings.items())])
+
+    def _ctl(self, action: str, *args: str, wait: bool = True) -> None:
+        self.run("pg_ctl", "-D", str(self.data), "-l", str(self.log),
+                 "-w" if wait else "-W", "-t", str(_START_TIMEOUT_S), *args, action)  # fmt: skip
+
+    def _ready_at(self, query: str = "SELECT true") -> float:
+        # pg_ctl -w looks every 0.1 s: the instant is taken here instead, by
+        # connecting every 10 ms until a connection answers ``query`` with
+        # true (at most _START_TIMEOUT_S).
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while True:
+            try:
+                with psycopg.connect(self.url(), autocommit=True, connect_timeout=2) as conn:
+                    while True:
+                        row = conn.execute(query).fetchone()  # type: ignore[arg-type]
+                        if row is not None and row[0] is True:
+                            return time.monotonic()
+                        if time.monotonic() > deadline:
+                            break
+                        time.sleep(0.01)
+            except psycopg.OperationalError:
+                pass  # not up yet, or still starting up
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"the server was not ready after {_START_TIMEOUT_S} s:\n{self.log_text()}"
+                )
+            time.sleep(0.01)
+
+    def start(self) -> float:
+        """Start the server; return (monotonic seconds) when it first
+        accepted a connection, found within 10 ms."""
+        self._ctl("start", "-o", self._options(), wait=False)
+        return self._ready_at()
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server (``pg_ctl stop -m MODE``: ``smart``, ``fast``, or
+        ``immediate``, a crash: the next start replays the WAL); return once
+        it is down."""
+        self._ctl("stop", "-m", mode)
+
+    def restart(self, mode: str = "fast") -> float:
+        """``pg_ctl restart -m MODE``; return when the server first
+        accepted a connection again (monotonic seconds, found within
+        10 ms)."""
+        self._ctl("restart", "-m", mode, "-o", self._options(), wait=False)
+        return self._ready_at()
+
+    def promote(self) -> float:
+        """Promote a standby (``pg_ctl promote``); return when it first
+        answered as a primary (``pg_is_in_recovery()`` false; monotonic
+        seconds, found within 10 ms)."""
+        self._ctl("promote", wait=False)
+        return self._ready_at("SELECT NOT pg_is_in_recovery()")
+
+    def _stop_quietly(self) -> None:
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            if (self.data / "postmaster.pid").exists():
+                self.stop("immediate")
+
+    def log_text(self) -> str:
+        """The server's log so far (for failure messages)."""
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError as error:
+            return f"(no log: {error})"
+
+
+def throwaway_cluster(
+    stack: contextlib.ExitStack, *, settings: dict[str, str] | None = None
+) -> Cluster:
+    """A started :class:`Cluster` of the test's own; skips the test, or fails
+    it under ``ALKSTORE_REQUIRE_POSTGRES=1``, when none can be made here."""
     try:
-        run(str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust",
-            "-E", "UTF8", "--no-sync")  # fmt: skip
-        options = f"-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories={base} "
-        options += "-c fsync=off -c max_connections=200"
-        run(str(bindir / "pg_ctl"), "-D", str(data), "-l", str(base / "log"), "-w",
-            "-t", str(_START_TIMEOUT_S), "-o", options, "start")  # fmt: skip
+        return Cluster.create(stack, settings=settings)
+    except ClusterUnavailable as error:
+        skip_or_fail(f"no throwaway PostgreSQL cluster: {error}")
+        raise  # not reached: skip_or_fail raises
+    except subprocess.CalledProcessError as error:
+        pytest.fail(f"a throwaway cluster failed to start ({error}): {error.stderr}", pytrace=False)
+
+
+def throwaway_standby(
+    primary: Cluster, stack: contextlib.ExitStack, *, settings: dict[str, str] | None = None
+) -> Cluster:
+    """:meth:`Cluster.standby`, skipping the test (or failing it under
+    ``ALKSTORE_REQUIRE_POSTGRES=1``) when no standby can be made here."""
+    try:
+        return primary.standby(stack, settings=settings)
+    except ClusterUnavailable as error:
+        skip_or_fail(f"no throwaway standby: {error}")
+        raise  # not reached: skip_or_fail raises
+    except subprocess.CalledProcessError as error:
+        pytest.fail(f"a throwaway standby failed to start ({error}): {error.stderr}", pytrace=False)
+
+
+def _from_initdb(stack: contextlib.ExitStack, reasons: list[str]) -> str | None:
+    try:
+        return Cluster.create(stack).url()
+    except ClusterUnavailable as error:
+        reasons.append(str(error))
     except (subprocess.SubprocessError, OSError) as error:
         detail = getattr(error, "stderr", b"") or b""
         reasons.append(f"a local initdb cluster failed to start ({error}: {detail!r})")
-        return None
-    stack.callback(
-        subprocess.run,
-        [*prefix, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
-        capture_output=True,
-        timeout=_START_TIMEOUT_S,
-    )
-    return f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    return None
 
 
 @contextlib.contextmanager
