@@ -35,6 +35,7 @@ from alkstore.runtime.heartbeat import HEARTBEAT_FRACTION, Heartbeater
 from alkstore.runtime.pool import DaemonPool
 from alkstore.runtime.signals import stop_signals
 from alkstore.runtime.worker import describe_exception
+from alkstore_contract_tests import T0, ManualClock
 
 WAIT_S = 30.0
 
@@ -905,3 +906,47 @@ def test_a_job_cancelled_while_it_runs_is_seen_by_its_heartbeat(
     assert "lost its claim" not in caplog.text
     outcomes = {r.job_id: r.outcome for r in caplog.records if hasattr(r, "outcome")}  # type: ignore[attr-defined]
     assert outcomes == {job_id: "cancelled"}
+
+
+def test_two_runs_of_one_job_in_one_batch_count_the_older_as_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker reclaims its own job whose first claim lapsed while the
+    handler ran; both runs finish into one batch. The older run is lost,
+    the newer succeeds (``ack_batch`` counts an id once: before, both were
+    logged ``unknown``)."""
+    monkeypatch.setattr(_worker, "_ACK_DELAY_S", 0.5)  # both runs in one batch
+    clock = ManualClock(T0)
+    first_started, second_done, release = threading.Event(), threading.Event(), threading.Event()
+    runs: list[int] = []
+    with App(f"sqlite:///{tmp_path / 'twice.db'}", clock=clock) as app:
+
+        @app.task(queue="q", name="twice", visibility_timeout_s=30)
+        def twice() -> None:
+            runs.append(len(runs) + 1)
+            if len(runs) == 1:
+                first_started.set()
+                assert release.wait(WAIT_S)
+            else:
+                second_done.set()
+
+        job_id = twice.enqueue()
+        worker = app.worker(concurrency=2, handle_signals=False, poll_interval_s=0.05)
+        result: list[WorkerCounts] = []
+        thread = threading.Thread(target=lambda: result.append(worker.run()))
+        with caplog.at_level(logging.INFO, logger="alkstore.worker"):
+            thread.start()
+            assert first_started.wait(WAIT_S)
+            clock.advance(30)  # the first claim lapses; the worker reclaims the job
+            assert second_done.wait(WAIT_S)
+            release.set()
+            wait_until(lambda: worker.counts.total == 2, "both runs to be counted")
+            worker.stop()
+            thread.join(WAIT_S)
+    assert result == [WorkerCounts(succeeded=1, lost=1)]
+    outcomes = [
+        (r.attempt, r.outcome)  # type: ignore[attr-defined]
+        for r in caplog.records
+        if getattr(r, "job_id", None) == job_id
+    ]
+    assert sorted(outcomes) == [(1, "lost"), (2, "succeeded")]

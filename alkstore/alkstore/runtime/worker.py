@@ -900,6 +900,7 @@ class Worker:
                     self._heartbeater.remove(item.lease)
 
     def _ack_queue_batch(self, name: str, items: list[_Finished]) -> None:
+        items = self._drop_superseded(name, items)
         ids = [item.handle.id for item in items]
         leases = [item.lease for item in items]
         for lease in leases:
@@ -965,6 +966,37 @@ class Worker:
                 )
             except Exception:
                 log.exception("logging the outcome of job %s of %r failed", item.handle.id, name)
+
+    def _drop_superseded(self, name: str, items: list[_Finished]) -> list[_Finished]:
+        """Keep one item per job: its newest claim. When this worker
+        reclaimed a job whose first claim lapsed while its handler ran, both
+        runs can finish into one batch; ``ack_batch`` counts an id once, so
+        the older run, whose claim was no longer valid, is ``lost`` at once
+        and the newer one's ack is judged alone."""
+        newest: dict[int, _Finished] = {}
+        for item in items:
+            kept = newest.get(item.handle.id)
+            if kept is None or item.handle.attempts > kept.handle.attempts:
+                newest[item.handle.id] = item
+        if len(newest) == len(items):
+            return items
+        stale = [item for item in items if newest[item.handle.id] is not item]
+        with self._cond:
+            self._counts["lost"] += len(stale)
+        for item in stale:
+            try:
+                self._record(
+                    handle=item.handle,
+                    task_name=item.task_name,
+                    outcome="lost",
+                    action="ack",
+                    error=None,
+                    duration_s=item.duration_s,
+                    exc_info=None,
+                )
+            except Exception:
+                log.exception("logging the outcome of job %s of %r failed", item.handle.id, name)
+        return [item for item in items if newest[item.handle.id] is item]
 
     @staticmethod
     def _ack_outcomes(
