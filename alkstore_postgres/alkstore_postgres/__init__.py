@@ -4,7 +4,8 @@ Open it through the core: ``alkstore.open("postgresql://user@host/db")``
 (the ``postgresql`` and ``postgres`` schemes of the ``alkstore.engines``
 entry points). Engine options besides docs/contract.md §2's ``clock``, ``rng`` and
 ``migrate``: ``schema``, ``pool_min_size``, ``pool_max_size``,
-``pool_timeout_s``, ``query_timeout_s`` and ``repoll_interval_s`` (see
+``pool_timeout_s``, ``query_timeout_s``, ``repoll_interval_s``, ``pooler``
+and ``listen_url`` (see
 :class:`PostgresStore`).
 The package README explains the design: one statement per operation,
 ``FOR UPDATE SKIP LOCKED`` claims, LISTEN/NOTIFY wakes and the server's

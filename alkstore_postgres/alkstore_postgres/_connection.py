@@ -50,8 +50,11 @@ __all__ = [
     "DatabaseIdentity",
     "database_identity",
     "drop_inherited",
+    "POOLERS",
+    "check_pooled_server",
     "connection_params",
     "engine_error",
+    "session_setup",
     "wrap_errors",
 ]
 
@@ -226,13 +229,23 @@ def _session_options(conninfo: str, query_timeout_s: float) -> str:
     return " ".join(part for part in parts if part)
 
 
-def connection_params(conninfo: str, query_timeout_s: float) -> dict[str, Any]:
+def connection_params(
+    conninfo: str, query_timeout_s: float, pooler: str | None = None
+) -> dict[str, Any]:
     """The connection parameters the engine adds to ``conninfo`` for its own
     connections (pooled and direct): autocommit, the session settings, and,
     unless the URL sets them, libpq's ``connect_timeout`` (also unless
     ``PGCONNECT_TIMEOUT`` is set), ``keepalives``, ``keepalives_idle``,
     ``keepalives_interval``, ``keepalives_count`` and (libpq 12 or newer)
-    ``tcp_user_timeout``, all derived from ``query_timeout_s``."""
+    ``tcp_user_timeout``, all derived from ``query_timeout_s``.
+
+    Behind a pooler (``pooler`` ``"session"`` or ``"transaction"``, see
+    :data:`POOLERS`) no startup ``options`` are added (PgBouncer refuses
+    them; the settings are made by :func:`session_setup` instead), and in
+    ``"transaction"`` mode psycopg never prepares a statement
+    (``prepare_threshold=None``, which also overrides ``prepare=True``): a
+    server-side prepared statement lives on one server connection, and the
+    pooler hands the next transaction to any of them."""
     given = conninfo_to_dict(conninfo)
     defaults: dict[str, Any] = {
         # libpq's minimum is 2 s.
@@ -247,12 +260,74 @@ def connection_params(conninfo: str, query_timeout_s: float) -> dict[str, Any]:
         defaults["tcp_user_timeout"] = min(_INT_MAX, math.ceil(query_timeout_s * 1000))
     if "PGCONNECT_TIMEOUT" in os.environ:
         del defaults["connect_timeout"]
-    params: dict[str, Any] = {
-        "autocommit": True,
-        "options": _session_options(conninfo, query_timeout_s),
-    }
+    params: dict[str, Any] = {"autocommit": True}
+    if pooler is None:
+        params["options"] = _session_options(conninfo, query_timeout_s)
+    elif pooler == "transaction":
+        params["prepare_threshold"] = None
     params.update((key, value) for key, value in defaults.items() if key not in given)
     return params
+
+
+#: The values of the ``pooler`` engine option besides ``None`` (a direct
+#: server): PgBouncer's ``pool_mode`` in front of the server.
+POOLERS = ("session", "transaction")
+
+
+def session_setup(query_timeout_s: float, pooler: str | None) -> str | None:
+    """The statement that makes the session settings on a new connection
+    behind a pooler (``None`` when the startup ``options`` carry them).
+
+    Session mode: every setting of the direct connection's ``options``
+    (the connection keeps its server connection for its lifetime, and
+    PgBouncer's ``server_reset_query``, ``DISCARD ALL``, undoes them when it
+    ends). Transaction mode: only ``TimeZone``, one of the parameters
+    PgBouncer tracks per client and restores on whichever server connection
+    runs the client's next transaction; any other ``SET`` would stay on one
+    server connection and leak to the pooler's other clients, so the server
+    keeps its own ``statement_timeout`` (the watchdog still bounds every
+    call), and with no prepared statements ``plan_cache_mode`` has nothing
+    to act on (see :func:`check_pooled_server` for the isolation level)."""
+    if pooler is None:
+        return None
+    settings = [("TimeZone", "UTC")]
+    if pooler == "session":
+        statement_timeout_ms = min(
+            _INT_MAX, max(1, int(query_timeout_s * STATEMENT_TIMEOUT_FRACTION * 1000))
+        )
+        settings += [
+            ("statement_timeout", str(statement_timeout_ms)),
+            ("plan_cache_mode", "force_generic_plan"),
+            ("default_transaction_isolation", "read committed"),
+        ]
+    calls = ", ".join(f"set_config('{name}', '{value}', false)" for name, value in settings)
+    return f"SELECT {calls}"
+
+
+def check_pooled_server(conn: Conn, pooler: str | None) -> None:
+    """Behind a transaction pooler, where the engine cannot set it, check
+    that the server's own ``default_transaction_isolation`` is ``read
+    committed``, which the claim's ``SKIP LOCKED`` walks and the guarded
+    updates need (see ``_SESSION_SETTINGS``).
+
+    Raises
+    ------
+    EngineError
+        (permanent) If it is another level.
+    psycopg.Error
+        If the database fails.
+    """
+    if pooler != "transaction":
+        return
+    row = conn.execute("SELECT current_setting('default_transaction_isolation')").fetchone()
+    if row is not None and row[0] != "read committed":
+        raise EngineError(
+            f"the server's default_transaction_isolation is {row[0]!r}, and behind a "
+            "transaction pooler the engine cannot set it per session: the engine needs "
+            "'read committed' (ALTER ROLE ... SET default_transaction_isolation = "
+            "'read committed')",
+            permanent=True,
+        )
 
 
 # Only sessions of this role on this database, never this one.
@@ -293,14 +368,18 @@ class Database:
         timeout_s: float,
         query_timeout_s: float,
         name: str,
+        pooler: str | None = None,
     ) -> None:
         self.conninfo = conninfo
+        #: ``None`` (a direct server), ``"session"`` or ``"transaction"``.
+        self.pooler = pooler
+        self._setup = session_setup(query_timeout_s, pooler)
         self.timeout_s = timeout_s
         self.query_timeout_s = query_timeout_s
         self._min_size = min_size
         self._max_size = max_size
         self._name = name
-        self._params = connection_params(conninfo, query_timeout_s)
+        self._params = connection_params(conninfo, query_timeout_s, pooler)
         # This process's pooled connections (see _configure), with when each
         # was made (monotonic seconds).
         self._connections: weakref.WeakKeyDictionary[Conn, float] = weakref.WeakKeyDictionary()
@@ -338,7 +417,16 @@ class Database:
 
     def _configure(self, conn: Conn) -> None:
         conn.adapters.register_dumper(ByteaArray, _ByteaArrayDumper)
+        self._set_up(conn)
         self._connections[conn] = time.monotonic()
+
+    def _set_up(self, conn: Conn) -> None:
+        # Behind a pooler, the session settings (session_setup); explicit
+        # transactions say their isolation level, whatever the session's.
+        if self._setup is not None:
+            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+            with self.guard(conn):
+                conn.execute(self._setup)
 
     def _connection_died(self, backend_pids: list[int]) -> None:
         # The store's other connections most likely share the dead one's
@@ -369,7 +457,8 @@ class Database:
         # lock, a migration's) and a connection slot until the server's own
         # keepalives notice, by default after hours. Ended through a new
         # connection, which may well get through; best effort.
-        if not backend_pids:
+        # Behind a pooler the process ids are the pooler's own inventions.
+        if not backend_pids or self.pooler is not None:
             return
         try:
             conn = self.connect(application_name="alkstore-cleanup")
@@ -485,7 +574,38 @@ class Database:
             ``connect_timeout``).
         """
         with wrap_errors():
-            return psycopg.Connection.connect(self.conninfo, **{**self._params, **kwargs})
+            try:
+                conn = psycopg.Connection.connect(self.conninfo, **{**self._params, **kwargs})
+            except psycopg.OperationalError as error:
+                if self.pooler is None and "unsupported startup parameter" in str(error):
+                    raise EngineError(
+                        f"{engine_error(error)} (PgBouncer refuses the startup options "
+                        "the engine sends to a direct server: open the store with "
+                        "pooler='transaction' or pooler='session')",
+                        permanent=True,
+                    ) from error
+                raise
+        try:
+            self._set_up(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def connect_direct(self, conninfo: str, **kwargs: Any) -> Conn:
+        """Open an autocommit connection to ``conninfo``, a server reached
+        without a pooler (the LISTEN connection's ``listen_url``), with the
+        parameters of a direct connection; guard its calls with
+        :meth:`guard`.
+
+        Raises
+        ------
+        EngineError
+            If the connection fails.
+        """
+        params = connection_params(conninfo, self.query_timeout_s)
+        with wrap_errors():
+            return psycopg.Connection.connect(conninfo, **{**params, **kwargs})
 
     def close(self) -> None:
         """Close the pool; connections in use close when given back (their

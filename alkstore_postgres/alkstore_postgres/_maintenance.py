@@ -20,6 +20,13 @@ connection: the block itself runs queue operations through the pool, and
 with ``pool_max_size=1`` a held pool connection would starve them. The
 connection is opened only when the turn looks due (one pooled read of the
 task's row first), so a process asks for it about once per interval.
+Behind a transaction pooler, where a session-level lock could be taken on
+one server connection and released on another, the direct connection
+holds a transaction open for the turn instead, and the lock is
+transaction-level (``pg_try_advisory_xact_lock``); the turn is taken (the
+row advanced) on a pooled connection, so that the open transaction writes
+nothing, has no transaction id and, under READ COMMITTED, holds no
+snapshot between statements: it pins no row version for VACUUM.
 Leaving the block unlocks and closes it, on an exception too; if the
 connection dies meanwhile the server drops the lock with it. Each call on
 it is bounded by ``query_timeout_s`` (not the turn, which runs through the
@@ -39,7 +46,7 @@ from psycopg import sql
 
 from alkstore.engine import duration
 from alkstore.errors import EngineError
-from alkstore_postgres._connection import wrap_errors
+from alkstore_postgres._connection import Conn, wrap_errors
 
 if TYPE_CHECKING:
     from alkstore_postgres._store import PostgresStore
@@ -75,6 +82,15 @@ def _before(now: datetime, interval_s: float) -> datetime:
         return _EARLIEST
 
 
+def _release(conn: Conn, key: int, in_transaction: bool) -> None:
+    # Ending the turn's transaction ends its lock. (A connection closed
+    # inside one would cost the pooler its server connection.)
+    if in_transaction:
+        conn.execute("COMMIT")
+    else:
+        conn.execute("SELECT pg_advisory_unlock(%s)", [key])
+
+
 @contextlib.contextmanager
 def maintenance_turn(store: PostgresStore, task: str, interval_s: float) -> Iterator[bool]:
     """``Store._maintenance_turn`` (module docstring).
@@ -90,19 +106,35 @@ def maintenance_turn(store: PostgresStore, task: str, interval_s: float) -> Iter
         yield False
         return
     key = advisory_key(store.schema, task)
+    in_transaction = store._db.pooler == "transaction"
     conn = store._db.connect(application_name="alkstore-maintenance")
     try:
         with wrap_errors(), store._db.guard(conn):
-            locked = conn.execute("SELECT pg_try_advisory_lock(%s)", [key]).fetchone()
-            taken = False
-            if locked is not None and locked[0]:
-                # Read after the lock: a holder that just finished has
-                # advanced the row.
-                now = store._now()
-                params = {"task": task, "now": now, "due_before": _before(now, interval_s)}
-                taken = conn.execute(store.sql(TAKE), params).fetchone() is not None
-                if not taken:
-                    conn.execute("SELECT pg_advisory_unlock(%s)", [key])
+            if in_transaction:
+                conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+                locked = conn.execute("SELECT pg_try_advisory_xact_lock(%s)", [key]).fetchone()
+            else:
+                locked = conn.execute("SELECT pg_try_advisory_lock(%s)", [key]).fetchone()
+        taken = False
+        if locked is not None and locked[0]:
+            # Read after the lock: a holder that just finished has advanced
+            # the row.
+            now = store._now()
+            params = {"task": task, "now": now, "due_before": _before(now, interval_s)}
+            if in_transaction:
+                # Not under the direct connection's guard: the pool's wait
+                # has its own bound.
+                with store._db.connection() as pooled:
+                    taken = pooled.execute(store.sql(TAKE), params).fetchone() is not None
+            else:
+                with wrap_errors(), store._db.guard(conn):
+                    taken = conn.execute(store.sql(TAKE), params).fetchone() is not None
+            if not taken:
+                with wrap_errors(), store._db.guard(conn):
+                    _release(conn, key, in_transaction)
+        elif in_transaction:
+            with wrap_errors(), store._db.guard(conn):
+                _release(conn, key, in_transaction)
         if not taken:
             conn.close()
             yield False
@@ -113,6 +145,6 @@ def maintenance_turn(store: PostgresStore, task: str, interval_s: float) -> Iter
             # On a broken connection the lock went with the session; keep
             # the block's own error.
             with contextlib.suppress(psycopg.Error, EngineError), store._db.guard(conn):
-                conn.execute("SELECT pg_advisory_unlock(%s)", [key])
+                _release(conn, key, in_transaction)
     finally:
         conn.close()

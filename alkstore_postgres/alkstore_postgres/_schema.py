@@ -456,7 +456,9 @@ def read_version(conn: Conn, schema: str) -> int | None:
     return None if row is None else int(row[0])
 
 
-def migrate(conn: Conn, schema: str, now: datetime | None = None) -> None:
+def migrate(
+    conn: Conn, schema: str, now: datetime | None = None, *, transaction_lock: bool = False
+) -> None:
     """Bring ``schema`` to :data:`SCHEMA_VERSION`; idempotent and safe when
     many processes run it at once.
 
@@ -465,7 +467,12 @@ def migrate(conn: Conn, schema: str, now: datetime | None = None) -> None:
     schema already at this version costs one read and takes no lock (nor
     needs ``CREATE`` privileges). ``now`` is the store's injected clock's
     reading, if it has one (statements that sort rows by time use it; the
-    server's time otherwise).
+    server's time otherwise). With ``transaction_lock`` (behind a
+    transaction pooler, where two statements outside a transaction may run
+    on two server connections) the lock is transaction-level instead, the
+    transaction's first statement: under READ COMMITTED every later
+    statement takes a new snapshot, and opening each relation reads the
+    catalog changes committed meanwhile.
 
     Raises
     ------
@@ -485,9 +492,12 @@ def migrate(conn: Conn, schema: str, now: datetime | None = None) -> None:
     # transaction-level lock the transaction would already be open, and a
     # name looked up earlier in this session could still resolve from a
     # stale cache entry.)
-    conn.execute("SELECT pg_advisory_lock(%s)", [key])
+    if not transaction_lock:
+        conn.execute("SELECT pg_advisory_lock(%s)", [key])
     try:
         with conn.transaction():
+            if transaction_lock:
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", [key])
             found = read_version(conn, schema)
             check_schema_version(found, SCHEMA_VERSION, migrating=True)
             current = found or 0
@@ -512,5 +522,6 @@ def migrate(conn: Conn, schema: str, now: datetime | None = None) -> None:
     finally:
         # On a broken connection the lock went with the session; keep the
         # original error.
-        with contextlib.suppress(psycopg.Error):
-            conn.execute("SELECT pg_advisory_unlock(%s)", [key])
+        if not transaction_lock:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("SELECT pg_advisory_unlock(%s)", [key])

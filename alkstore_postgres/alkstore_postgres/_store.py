@@ -25,9 +25,11 @@ from alkstore.errors import ValidationError
 from alkstore_postgres import _operations, _schedules, _schema
 from alkstore_postgres._clock import ServerClock
 from alkstore_postgres._connection import (
+    POOLERS,
     Conn,
     Database,
     DatabaseIdentity,
+    check_pooled_server,
     database_identity,
     wrap_errors,
 )
@@ -72,8 +74,18 @@ ENGINE_OPTIONS = frozenset(
         "pool_timeout_s",
         "query_timeout_s",
         "repoll_interval_s",
+        "pooler",
+        "listen_url",
     }
 )
+
+
+def _pooler(value: object) -> str | None:
+    if value is None or (isinstance(value, str) and value in POOLERS):
+        return value
+    raise ValidationError(
+        f"pooler must be None, 'session' or 'transaction' (PgBouncer's pool_mode), not {value!r}"
+    )
 
 
 def _pool_size(value: object, what: str, low: int) -> int:
@@ -138,6 +150,25 @@ class PostgresStore(Store):
         dead LISTEN connection is found within ``repoll_interval_s +
         query_timeout_s``, sooner when another call of the store found its
         connection dead.
+    pooler
+        What stands between the engine and the server (docs/deployment.md
+        "PgBouncer"): ``None`` (default) for the server itself, or
+        PgBouncer's ``pool_mode`` in front of it, ``"session"`` or
+        ``"transaction"``. Behind either, the session settings are made by a
+        statement after connecting instead of the startup ``options``
+        (which PgBouncer refuses); in ``"transaction"`` mode the engine
+        prepares no statement, takes only transaction-level advisory locks,
+        makes only the ``TimeZone`` setting (the server keeps its own
+        ``statement_timeout``; the watchdog still bounds every call), and
+        refuses a server whose ``default_transaction_isolation`` is not
+        ``read committed`` (``EngineError``, permanent).
+    listen_url
+        A URL (as ``conninfo``) for the LISTEN connection alone, reaching
+        the server without a transaction pooler (default: ``conninfo``).
+        Behind ``pooler="transaction"`` without it, which cannot carry a
+        LISTEN, subscriptions never wake: consumers find new jobs by their
+        re-polls every ``repoll_interval_s``, and the store logs one
+        WARNING saying so at its first subscription.
 
     Raises
     ------
@@ -164,8 +195,12 @@ class PostgresStore(Store):
         pool_timeout_s: object = DEFAULT_POOL_TIMEOUT_S,
         query_timeout_s: object = DEFAULT_QUERY_TIMEOUT_S,
         repoll_interval_s: object = DEFAULT_REPOLL_INTERVAL_S,
+        pooler: object = None,
+        listen_url: object = None,
     ) -> None:
         super().__init__(clock=clock, rng=rng)
+        self._pooler = _pooler(pooler)
+        self._listen_conninfo = None if listen_url is None else parse_url(listen_url)
         self._schema = _schema.check_schema_name(schema)
         min_size = _pool_size(pool_min_size, "pool_min_size", 0)
         max_size = _pool_size(pool_max_size, "pool_max_size", 1)
@@ -185,6 +220,7 @@ class PostgresStore(Store):
             timeout_s=timeout_s,
             query_timeout_s=self._query_timeout_s,
             name=f"alkstore-{self._schema}",
+            pooler=self._pooler,
         )
         self._server_clock = ServerClock(self._sample_clock)
         self._listener = Listener(
@@ -192,6 +228,13 @@ class PostgresStore(Store):
             watchdog=self._db.watchdog,
             ping_interval_s=self._repoll_interval_s,
             name=f"alkstore-listener-{self._schema}",
+            disabled=(
+                "behind a transaction pooler (pooler='transaction') without listen_url the "
+                "store cannot LISTEN: subscriptions never wake, consumers find new jobs by "
+                f"re-polling every repoll_interval_s ({self._repoll_interval_s:g} s)"
+                if self._pooler == "transaction" and self._listen_conninfo is None
+                else None
+            ),
         )
         self._db.on_dead_connection.append(self._listener.check_soon)
         try:
@@ -200,8 +243,9 @@ class PostgresStore(Store):
             conn = self._db.connect()
             try:
                 with wrap_errors(), self._db.guard(conn):
+                    check_pooled_server(conn, self._pooler)
                     if migrate:
-                        _schema.migrate(conn, self._schema, self._injected_now())
+                        self._migrate_on(conn)
                     else:
                         found = _schema.read_version(conn, self._schema)
                         where = f"schema {self._schema!r} of {self._url}"
@@ -279,7 +323,21 @@ class PostgresStore(Store):
         return identity == self._database
 
     def _connect_listener(self) -> Conn:
+        if self._listen_conninfo is not None:
+            return self._db.connect_direct(
+                self._listen_conninfo, application_name="alkstore-listener"
+            )
         return self._db.connect(application_name="alkstore-listener")
+
+    def _migrate_on(self, conn: Conn) -> None:
+        # Through a transaction pooler a session-level lock could be taken
+        # on one server connection and released on another.
+        _schema.migrate(
+            conn,
+            self._schema,
+            self._injected_now(),
+            transaction_lock=self._pooler == "transaction",
+        )
 
     def _injected_now(self) -> datetime | None:
         # The migration's "now": the injected clock's, else the server's own
@@ -299,7 +357,7 @@ class PostgresStore(Store):
 
     def _migrate(self) -> None:
         with self._db.connection() as conn:
-            _schema.migrate(conn, self._schema, self._injected_now())
+            self._migrate_on(conn)
 
     def _schema_version(self) -> int | None:
         with self._db.connection() as conn:
@@ -363,8 +421,9 @@ def open_store(url: str, **engine_options: Any) -> PostgresStore:
     **engine_options
         ``clock``, ``rng``, ``migrate`` (docs/contract.md §2), and ``schema``,
         ``pool_min_size``, ``pool_max_size``, ``pool_timeout_s``,
-        ``query_timeout_s``, ``repoll_interval_s`` (see
-        :class:`PostgresStore`).
+        ``query_timeout_s``, ``repoll_interval_s``, ``pooler``,
+        ``listen_url`` (see :class:`PostgresStore`; behind PgBouncer,
+        docs/deployment.md "PgBouncer").
 
     Returns
     -------

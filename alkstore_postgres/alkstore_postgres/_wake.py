@@ -101,6 +101,12 @@ class Listener:
         with a ping, to find a connection that died silently.
     name
         The thread's name.
+    disabled
+        When given, why the store cannot LISTEN (behind a transaction
+        pooler without ``listen_url``): subscriptions are kept (and their
+        latches set when the listener stops) but nothing is LISTENed on and
+        nothing wakes them; the reason is logged as a WARNING at the first
+        subscription.
     """
 
     def __init__(
@@ -110,8 +116,11 @@ class Listener:
         watchdog: Watchdog,
         ping_interval_s: float,
         name: str,
+        disabled: str | None = None,
     ) -> None:
         self._connect = connect
+        self._disabled = disabled
+        self._warned = False
         self._watchdog = watchdog
         self._ping_interval_s = ping_interval_s
         self._name = name
@@ -153,6 +162,11 @@ class Listener:
             self._latches.setdefault(channel, set()).add(latch)
             self._wanted += 1
             target = self._wanted
+            if self._disabled is not None:
+                warn, self._warned = not self._warned, True
+                if warn:
+                    log.warning("%s", self._disabled)
+                return
         try:
             self._start()
         except BaseException:
