@@ -471,8 +471,9 @@ def migrate(
     transaction pooler, where two statements outside a transaction may run
     on two server connections) the lock is transaction-level instead, the
     transaction's first statement: under READ COMMITTED every later
-    statement takes a new snapshot, and opening each relation reads the
-    catalog changes committed meanwhile.
+    statement takes a new snapshot, and the next statement opens a catalog
+    table, which makes the session read the catalog changes committed
+    meanwhile.
 
     Raises
     ------
@@ -498,6 +499,11 @@ def migrate(
         with conn.transaction():
             if transaction_lock:
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+                # The lock itself reads no catalog change committed since the
+                # transaction began; a relation's first lock in a transaction
+                # does, so a name this session looked up before (a missing
+                # schema, say) no longer resolves from its stale cache entry.
+                conn.execute("SELECT FROM pg_catalog.pg_namespace LIMIT 0")
             found = read_version(conn, schema)
             check_schema_version(found, SCHEMA_VERSION, migrating=True)
             current = found or 0

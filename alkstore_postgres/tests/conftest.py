@@ -5,12 +5,14 @@ else testcontainers, else a local ``initdb`` cluster, else skip; with
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from postgres_server import drop_schema, fresh_schema_name, postgres_server
+from postgres_bouncer import Bouncer, BouncerUnavailable, pgbouncer
+from postgres_server import drop_schema, fresh_schema_name, postgres_server, skip_or_fail
 
 from alkstore_contract_tests import ManualClock
 from alkstore_postgres import PostgresStore, open_store
@@ -21,6 +23,30 @@ def postgres_url() -> Iterator[str]:
     """The URL of a PostgreSQL server for the whole session."""
     with postgres_server() as url:
         yield url
+
+
+def _bouncer(postgres_url: str, pool_mode: str) -> Iterator[Bouncer]:
+    with contextlib.ExitStack() as stack:
+        try:
+            bouncer = stack.enter_context(pgbouncer(postgres_url, pool_mode))
+        except BouncerUnavailable as error:
+            skip_or_fail(f"PgBouncer: {error}")
+        yield bouncer
+
+
+@pytest.fixture(scope="session")
+def bouncer_transaction(postgres_url: str) -> Iterator[Bouncer]:
+    """A PgBouncer of the session's own in ``pool_mode = transaction``, stock
+    settings otherwise, in front of the test server (``postgres_bouncer``);
+    without ``pgbouncer`` the test skips, or fails under
+    ``ALKSTORE_REQUIRE_POSTGRES=1``."""
+    yield from _bouncer(postgres_url, "transaction")
+
+
+@pytest.fixture(scope="session")
+def bouncer_session(postgres_url: str) -> Iterator[Bouncer]:
+    """As ``bouncer_transaction``, in ``pool_mode = session``."""
+    yield from _bouncer(postgres_url, "session")
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """The PostgreSQL engine's side of the shared contract suite.
 
 ``test_postgres_contract.py`` plugs it in as
-``class TestPostgresContract(ContractSuite, PostgresHarness): pass``. Every
+``class TestPostgresContract(ContractSuite, PostgresHarness): pass``, and
+again through PgBouncer in transaction mode (:class:`BouncerHarness`). Every
 test gets a fresh store schema in the server named by the ``postgres_url``
 fixture (``conftest.py``), dropped afterwards.
 """
@@ -13,13 +14,14 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from postgres_bouncer import Bouncer
 from postgres_server import drop_schema, fresh_schema_name
 from psycopg import sql
 
 from alkstore.engine import SCHEDULE_COLUMNS
 from alkstore_contract_tests.harness import JOB_INSERT_FAULT, EngineHarness, StoreTarget
 
-__all__ = ["PostgresHarness"]
+__all__ = ["BouncerHarness", "PostgresHarness"]
 
 _FAULT_FUNCTION = "alkstore_test_dead_insert_fails"
 _JOB_FAULT_FUNCTION = "alkstore_test_job_insert_fails"
@@ -151,3 +153,58 @@ class PostgresHarness(EngineHarness):
             finally:
                 conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(trigger, jobs))
                 conn.execute(sql.SQL("DROP FUNCTION IF EXISTS {}()").format(function))
+
+
+class BouncerHarness(PostgresHarness):
+    """The engine through a PgBouncer in ``pool_mode = transaction``
+    (``bouncer_transaction``, ``conftest.py``): the store's URL is
+    PgBouncer's, with ``pooler="transaction"`` and the LISTEN connection on
+    the server itself (``listen_url``), as docs/deployment.md "PgBouncer"
+    recommends. The suite's application connection (``enqueue_tx``) and
+    its fault triggers reach the server directly: the application's
+    ``SET search_path`` would not stay with a transaction pooler's client,
+    and ``enqueue_tx`` runs on the caller's connection, not the engine's."""
+
+    @pytest.fixture
+    def alkstore_target(
+        self, postgres_url: str, bouncer_transaction: Bouncer
+    ) -> Iterator[StoreTarget]:
+        """PgBouncer's URL and a schema no other test uses."""
+        schema = fresh_schema_name("bouncer")
+        options = {"schema": schema, "pooler": "transaction", "listen_url": postgres_url}
+        self._server_url = postgres_url
+        yield StoreTarget(bouncer_transaction.url(), options)
+        drop_schema(postgres_url, schema)
+
+    def _direct(self, target: StoreTarget) -> StoreTarget:
+        return StoreTarget(self._server_url, target.options)
+
+    @contextlib.contextmanager
+    def app_connection(
+        self, target: StoreTarget
+    ) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+        """As :meth:`PostgresHarness.app_connection`, on the server."""
+        with super().app_connection(self._direct(target)) as conn:
+            yield conn
+
+    def dead_letter_inserts_fail(
+        self, target: StoreTarget
+    ) -> contextlib.AbstractContextManager[None]:
+        """As :meth:`PostgresHarness.dead_letter_inserts_fail`, on the server."""
+        return super().dead_letter_inserts_fail(self._direct(target))
+
+    def job_inserts_fail(
+        self, target: StoreTarget, queue: str
+    ) -> contextlib.AbstractContextManager[None]:
+        """As :meth:`PostgresHarness.job_inserts_fail`, on the server."""
+        return super().job_inserts_fail(self._direct(target), queue)
+
+    def job_writes_fail(self, target: StoreTarget) -> contextlib.AbstractContextManager[None]:
+        """As :meth:`PostgresHarness.job_writes_fail`, on the server."""
+        return super().job_writes_fail(self._direct(target))
+
+    def overwrite_schedule_column(
+        self, target: StoreTarget, name: str, column: str, value: str | bytes
+    ) -> None:
+        """As :meth:`PostgresHarness.overwrite_schedule_column`, on the server."""
+        super().overwrite_schedule_column(self._direct(target), name, column, value)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from postgres_harness import PostgresHarness
+from postgres_harness import BouncerHarness, PostgresHarness
 
 from alkstore_contract_tests import ContractSuite
 
@@ -12,3 +12,7 @@ pytestmark = pytest.mark.postgres
 
 class TestPostgresContract(ContractSuite, PostgresHarness):
     """Every contract test, on a fresh schema per test."""
+
+
+class TestBouncerContract(ContractSuite, BouncerHarness):
+    """Every contract test again, through PgBouncer in transaction mode."""
