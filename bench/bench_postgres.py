@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import math
 import multiprocessing as mp
 import os
@@ -306,11 +307,20 @@ def alk_fill(url: str, queue: str, n: int, chunk: int = 10_000) -> None:
             q.enqueue_many([PAYLOAD] * min(chunk, n - start))
 
 
-def alk_drain(url: str, queue: str, n: int, consumers: int, batch: int = BATCH) -> float:
+def alk_drain(
+    url: str,
+    queue: str,
+    n: int,
+    consumers: int,
+    batch: int = BATCH,
+    *,
+    options: dict[str, Any] | None = None,
+) -> float:
     """``consumers`` threads of one process, each looping claim_batch + ack_batch
-    until the queue is empty: how one alkstore worker process consumes."""
+    until the queue is empty: how one alkstore worker process consumes
+    (``options``: further engine options, such as ``pooler``)."""
     size = consumers + 2
-    with alkstore.open(url, pool_min_size=size, pool_max_size=size) as store:
+    with alkstore.open(url, pool_min_size=size, pool_max_size=size, **(options or {})) as store:
         q = store.queue(queue)
         warm = store.queue("warm")
         ready = threading.Barrier(consumers + 1)
@@ -844,6 +854,55 @@ def enqueue_floor(bench: Bench, n: int, figures: dict[str, float | None]) -> Non
     bench.notes.append("enqueue one by one, at one client on this server: " + "; ".join(parts))
 
 
+#: The PgBouncer row's concurrency, and its target as a fraction of direct.
+BOUNCER_CONSUMERS = 16
+BOUNCER_TARGET = 0.7
+
+
+def pgbouncer_row(bench: Bench, table: Table) -> None:
+    """The drain at concurrency 16 through a PgBouncer of the bench's own in
+    ``pool_mode = transaction`` (stock settings otherwise; started by
+    ``alkstore_postgres/tests/postgres_bouncer.py``, which the engine's tests
+    use too) as a multiple of the same drain straight to the server: the
+    median of ``repeat`` rounds each, taking turns from a vacuumed table."""
+    tests = Path(__file__).resolve().parent.parent / "alkstore_postgres" / "tests"
+    sys.path.insert(0, str(tests))
+    from postgres_bouncer import BouncerUnavailable, find_pgbouncer, pgbouncer
+
+    alk_url = bench.urls["alkstore"]
+    n, c = bench.sizes.drain, BOUNCER_CONSUMERS
+    name = f"drain {n:,}, concurrency {c}, PgBouncer transaction / direct"
+    program = find_pgbouncer()
+    try:
+        with pgbouncer(alk_url, "transaction") as bouncer:
+            rounds: dict[str, list[float]] = {"direct": [], "PgBouncer": []}
+            for _ in range(bench.sizes.repeat):
+                for way, url, options in (
+                    ("direct", alk_url, {}),
+                    ("PgBouncer", bouncer.url(), {"pooler": "transaction"}),
+                ):
+                    bench.reset("alkstore")
+                    alk_fill(alk_url, "drain", n)
+                    sql(alk_url, "VACUUM ANALYZE")
+                    drain = functools.partial(alk_drain, options=options)
+                    rounds[way].append(in_child(drain, url, "drain", n, c))
+    except BouncerUnavailable as exc:
+        bench.notes.append(f"{name}: - ({exc})")
+        table.add(Row(name, "ratio", {}, f">= {BOUNCER_TARGET}x", "?"))
+        return
+    direct, bounced = (statistics.median(rounds[k]) for k in ("direct", "PgBouncer"))
+    version = subprocess.run(
+        [str(program), "--version"], capture_output=True, text=True, check=False
+    ).stdout.splitlines()[:1]
+    bench.notes.append(
+        f"{name}: direct {direct:,.0f} jobs/s, through {' '.join(version)} "
+        f"(pool_mode = transaction, stock settings) {bounced:,.0f} jobs/s"
+    )
+    ratio = bounced / direct
+    verdict = "ok" if ratio >= BOUNCER_TARGET else "MISS"
+    table.add(Row(name, "ratio", {"alkstore": ratio}, f">= {BOUNCER_TARGET}x", verdict))
+
+
 def run(bench: Bench, table: Table) -> None:
     s = bench.sizes
     alk_url = bench.urls["alkstore"]
@@ -917,6 +976,8 @@ def run(bench: Bench, table: Table) -> None:
             rate_row(table, name, figures, vs_peer=1.5, vs_pgbench=0.5)
         else:
             rate_row(table, name, figures)
+
+    pgbouncer_row(bench, table)
 
     # -- wake latency ----------------------------------------------------------
     warmup = 5
