@@ -16,6 +16,11 @@ noticed by the kernel), a ``connect_timeout`` and a server-side
 server's own error), and every call runs under the store's
 :class:`~alkstore_postgres._watchdog.Watchdog` (an answer that never comes,
 say through a proxy that stopped forwarding, breaks the connection).
+
+Behind PgBouncer (the ``pooler`` engine option) the session settings are
+made after connecting (:func:`session_setup`), and in transaction mode no
+statement is prepared (:func:`connection_params`); docs/deployment.md
+"PgBouncer".
 """
 
 from __future__ import annotations
