@@ -63,6 +63,19 @@ def open_bounced(
     return opener
 
 
+@pytest.fixture
+def open_transaction_pooled(
+    open_pg: Callable[..., PostgresStore], bouncer_transaction: Bouncer
+) -> Callable[..., PostgresStore]:
+    """Open stores on the transaction-mode PgBouncer with
+    ``pooler="transaction"`` (as ``open_bounced``)."""
+
+    def opener(**options: Any) -> PostgresStore:
+        return open_pg(bouncer_transaction.url(), pooler="transaction", **options)
+
+    return opener
+
+
 def _drain_with_a_worker(
     store: PostgresStore, count: int, *, poll_interval_s: float, concurrency: int = 8
 ) -> Counter[int]:
@@ -125,11 +138,11 @@ def test_case_018_stock_pgbouncer(
 
 
 def test_a_wake_up_through_listen_url_reaches_a_waiting_claimer(
-    open_bounced: Callable[..., PostgresStore],
+    open_transaction_pooled: Callable[..., PostgresStore],
     postgres_url: str,
     admin: psycopg.Connection[Any],
 ) -> None:
-    store = open_bounced(pooler="transaction", listen_url=postgres_url)
+    store = open_transaction_pooled(listen_url=postgres_url)
     subscription = store.listen("jobs")
     # The LISTEN is on a server session of its own, not a pooled one.
     (listening,) = admin.execute(
@@ -149,9 +162,9 @@ def test_a_wake_up_through_listen_url_reaches_a_waiting_claimer(
 
 
 def test_without_listen_url_a_transaction_pooled_store_repolls_and_says_so_once(
-    open_bounced: Callable[..., PostgresStore], caplog: pytest.LogCaptureFixture
+    open_transaction_pooled: Callable[..., PostgresStore], caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = open_bounced(pooler="transaction", repoll_interval_s=0.2)
+    store = open_transaction_pooled(repoll_interval_s=0.2)
     with caplog.at_level(logging.WARNING, logger="alkstore.postgres"):
         first = store.listen("jobs")
         second = store.listen("other")
@@ -317,3 +330,23 @@ def test_transaction_mode_refuses_a_server_defaulting_to_another_isolation(
             assert row == ("read committed",)
         finally:
             store.close()
+
+
+def test_behind_a_transaction_pooler_the_watchdog_still_bounds_a_slow_statement(
+    open_transaction_pooled: Callable[..., PostgresStore],
+) -> None:
+    # The server keeps its own statement_timeout (none here): the engine's
+    # watchdog ends the call at query_timeout_s instead, with its connection.
+    store = open_transaction_pooled(query_timeout_s=1)
+    with store._db.connection() as conn:
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("0",)
+    with (
+        pytest.raises(EngineError, match=r"query_timeout_s") as caught,
+        store._db.connection() as conn,
+    ):
+        conn.execute("SELECT pg_sleep(5)")
+    assert "statement timeout" not in str(caught.value)
+    assert not caught.value.permanent
+    # The store carries on, on a new connection.
+    q = store.queue("jobs")
+    assert q.get_job(q.enqueue(1)) is not None
