@@ -362,6 +362,10 @@ class Database:
         :class:`~alkstore_postgres._watchdog.Watchdog`).
     name
         The pool's name, for psycopg_pool's logs.
+    pooler
+        ``None`` (the server itself), or the ``pool_mode`` of the PgBouncer
+        the URL reaches, ``"session"`` or ``"transaction"`` (see
+        :func:`connection_params` and :func:`session_setup`).
     """
 
     def __init__(
@@ -570,7 +574,8 @@ class Database:
 
     def connect(self, **kwargs: Any) -> Conn:
         """Open a direct autocommit connection (not from the pool), with the
-        pool's parameters; guard its calls with :meth:`guard`.
+        pool's parameters and session settings; guard its calls with
+        :meth:`guard`. Behind a pooler it is a client of the pooler too.
 
         Raises
         ------
