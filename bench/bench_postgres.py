@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import functools
 import math
 import multiprocessing as mp
 import os
@@ -352,6 +351,11 @@ def alk_drain(
     if sum(counts) != n:
         raise RuntimeError(f"alkstore drained {sum(counts)} of {n} jobs")
     return n / elapsed
+
+
+def alk_drain_pooled(url: str, queue: str, n: int, consumers: int, pooler: str | None) -> float:
+    """:func:`alk_drain` with the engine option ``pooler``."""
+    return alk_drain(url, queue, n, consumers, options={"pooler": pooler})
 
 
 def alk_claim_cost(url: str, queue: str, n: int) -> float:
@@ -877,15 +881,14 @@ def pgbouncer_row(bench: Bench, table: Table) -> None:
         with pgbouncer(alk_url, "transaction") as bouncer:
             rounds: dict[str, list[float]] = {"direct": [], "PgBouncer": []}
             for _ in range(bench.sizes.repeat):
-                for way, url, options in (
-                    ("direct", alk_url, {}),
-                    ("PgBouncer", bouncer.url(), {"pooler": "transaction"}),
+                for way, url, pooler in (
+                    ("direct", alk_url, None),
+                    ("PgBouncer", bouncer.url(), "transaction"),
                 ):
                     bench.reset("alkstore")
                     alk_fill(alk_url, "drain", n)
                     sql(alk_url, "VACUUM ANALYZE")
-                    drain = functools.partial(alk_drain, options=options)
-                    rounds[way].append(in_child(drain, url, "drain", n, c))
+                    rounds[way].append(in_child(alk_drain_pooled, url, "drain", n, c, pooler))
     except BouncerUnavailable as exc:
         bench.notes.append(f"{name}: - ({exc})")
         table.add(Row(name, "ratio", {}, f">= {BOUNCER_TARGET}x", "?"))
