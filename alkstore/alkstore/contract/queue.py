@@ -1,3 +1,5 @@
+# WARNING: generated from queue_async.py by tools/async_to_sync.py.
+# Do not edit: change queue_async.py, then run `python tools/async_to_sync.py`.
 """The :class:`Queue` ABC: the operations on one named queue (docs/contract.md §2, §3)."""
 
 from __future__ import annotations
