@@ -11,22 +11,36 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Generator
 from importlib.metadata import entry_points
+from types import TracebackType
 from typing import Any
 
 from alkstore.contract.store import Store
-from alkstore.errors import UnknownEngineError, ValidationError
+from alkstore.contract.store_async import AsyncStore
+from alkstore.errors import EngineError, UnknownEngineError, ValidationError
 from alkstore.logic.redact import redact_url
 
-__all__ = ["DEFAULT_URL", "ENTRY_POINT_GROUP", "EngineFactory", "open", "register"]
+__all__ = [
+    "DEFAULT_URL",
+    "ENTRY_POINT_GROUP",
+    "AsyncOpen",
+    "EngineFactory",
+    "open",
+    "open_async",
+    "register",
+]
 
 #: The store opened when neither the ``url`` argument nor ``ALKSTORE_URL`` is set.
 DEFAULT_URL = "sqlite:///alkstore.db"
 ENTRY_POINT_GROUP = "alkstore.engines"
 URL_ENV = "ALKSTORE_URL"
 
-#: An engine's entry: called as ``factory(url, **engine_options)``.
+#: An engine's entry: called as ``factory(url, **engine_options)``. A
+#: factory with native async primitives also has an ``open_async``
+#: attribute, an ``async def`` called the same way that returns an
+#: :class:`AsyncStore`; :func:`open_async` then uses it instead of the
+#: thread adapter (docs/async.md).
 EngineFactory = Callable[..., Store]
 
 # The first-party engines, for the install hint when one is missing (fsspec's
@@ -136,6 +150,12 @@ def open(url: str | None = None, **engine_options: Any) -> Store:
     SchemaVersionError
         The schema is newer than the code, or missing with ``migrate=False``.
     """
+    url, factory = _engine_for(url)
+    return factory(url, **engine_options)
+
+
+def _engine_for(url: object) -> tuple[str, EngineFactory]:
+    """Check ``url`` (``None``: the default) and find its engine's factory."""
     if url is None:
         url = os.environ.get(URL_ENV) or DEFAULT_URL
     if not isinstance(url, str):
@@ -155,4 +175,87 @@ def open(url: str | None = None, **engine_options: Any) -> Store:
         raise ValidationError(
             f"url {redact_url(url)!r} has no scheme; expected e.g. {DEFAULT_URL!r}"
         )
-    return _factory(scheme.lower())(url, **engine_options)
+    return url, _factory(scheme.lower())
+
+
+def open_async(url: str | None = None, **engine_options: Any) -> AsyncOpen:
+    """Open an async store, choosing the engine by the URL's scheme exactly
+    as :func:`open` does (docs/async.md).
+
+    The URL is checked and the engine found now; the store opens when the
+    result is awaited or entered::
+
+        store = await alkstore.open_async(url)        # then: await store.close()
+        async with alkstore.open_async(url) as store:  # closed on leaving
+            ...
+
+    An engine whose factory has an ``open_async`` attribute opens its own
+    native :class:`AsyncStore`. Any other engine's sync store is opened (its
+    I/O: connecting, migrating) on a thread and wrapped by
+    :class:`alkstore.contract.threaded.ThreadedAsyncStore`, whose
+    operations run on a pool of threads it owns, never on the event loop.
+
+    Parameters
+    ----------
+    url, **engine_options
+        As :func:`open`.
+
+    Returns
+    -------
+    AsyncOpen
+        Awaitable (once) to an open :class:`AsyncStore`, or an async
+        context manager that closes it on exit.
+
+    Raises
+    ------
+    UnknownEngineError, ValidationError
+        At the call, as :func:`open` for the URL.
+    ValidationError, SchemaVersionError, EngineError
+        On await, as :func:`open` for the engine options and the opening.
+    """
+    url, factory = _engine_for(url)
+    return AsyncOpen(_open_async(url, factory, engine_options))
+
+
+async def _open_async(
+    url: str, factory: EngineFactory, engine_options: dict[str, Any]
+) -> AsyncStore:
+    native = getattr(factory, "open_async", None)
+    if native is None:
+        from alkstore.contract.threaded import open_threaded
+
+        return await open_threaded(factory, url, engine_options)
+    store = await native(url, **engine_options)
+    if not isinstance(store, AsyncStore):
+        raise EngineError(
+            f"the engine's open_async returned a {type(store).__name__}, not an AsyncStore"
+        )
+    return store
+
+
+class AsyncOpen:
+    """What :func:`open_async` returns: await it for the store, or use it
+    as ``async with`` (the store is closed on exit), as asyncpg's
+    ``create_pool``. Either, once."""
+
+    __slots__ = ("_opening", "_store")
+
+    def __init__(self, opening: Coroutine[Any, Any, AsyncStore]) -> None:
+        self._opening = opening
+        self._store: AsyncStore | None = None
+
+    def __await__(self) -> Generator[Any, None, AsyncStore]:
+        return self._opening.__await__()
+
+    async def __aenter__(self) -> AsyncStore:
+        self._store = await self._opening
+        return self._store
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._store is not None:
+            await self._store.close()
