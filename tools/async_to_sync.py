@@ -184,7 +184,17 @@ def _ruff(code: str, filename: Path) -> str:
         ["format", "--quiet"],
     ):
         done = subprocess.run(
-            [ruff, *args, "--stdin-filename", stdin_name, "-"],
+            # The repository's settings, wherever the file is (a test
+            # checks a copy in a temporary folder).
+            [
+                ruff,
+                *args,
+                "--config",
+                str(ROOT / "pyproject.toml"),
+                "--stdin-filename",
+                stdin_name,
+                "-",
+            ],
             input=code,
             capture_output=True,
             text=True,

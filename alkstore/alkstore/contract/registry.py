@@ -18,7 +18,7 @@ from typing import Any
 
 from alkstore.contract.store import Store
 from alkstore.contract.store_async import AsyncStore
-from alkstore.errors import EngineError, UnknownEngineError, ValidationError
+from alkstore.errors import UnknownEngineError, ValidationError
 from alkstore.logic.redact import redact_url
 
 __all__ = [
@@ -156,6 +156,13 @@ def open(url: str | None = None, **engine_options: Any) -> Store:
 
 def _engine_for(url: object) -> tuple[str, EngineFactory]:
     """Check ``url`` (``None``: the default) and find its engine's factory."""
+    url = _checked_url(url)
+    return url, _factory(url.partition("://")[0].lower())
+
+
+def _checked_url(url: object) -> str:
+    """``url`` checked (``None``: the default): a str with a scheme that a
+    driver can take."""
     if url is None:
         url = os.environ.get(URL_ENV) or DEFAULT_URL
     if not isinstance(url, str):
@@ -175,23 +182,24 @@ def _engine_for(url: object) -> tuple[str, EngineFactory]:
         raise ValidationError(
             f"url {redact_url(url)!r} has no scheme; expected e.g. {DEFAULT_URL!r}"
         )
-    return url, _factory(scheme.lower())
+    return url
 
 
 def open_async(url: str | None = None, **engine_options: Any) -> AsyncOpen:
     """Open an async store, choosing the engine by the URL's scheme exactly
     as :func:`open` does (docs/async.md).
 
-    The URL is checked and the engine found now; the store opens when the
-    result is awaited or entered::
+    The URL is checked now; the engine is found and the store opened when
+    the result is awaited or entered, off the event loop (finding an engine
+    reads the installed distributions' metadata and imports its driver)::
 
         store = await alkstore.open_async(url)        # then: await store.close()
         async with alkstore.open_async(url) as store:  # closed on leaving
             ...
 
     An engine whose factory has an ``open_async`` attribute opens its own
-    native :class:`AsyncStore`. Any other engine's sync store is opened (its
-    I/O: connecting, migrating) on a thread and wrapped by
+    native :class:`AsyncStore`. Any other engine's sync store is opened on a
+    thread and wrapped by
     :class:`alkstore.contract.threaded.ThreadedAsyncStore`, whose
     operations run on a pool of threads it owns, never on the event loop.
 
@@ -208,29 +216,19 @@ def open_async(url: str | None = None, **engine_options: Any) -> AsyncOpen:
 
     Raises
     ------
-    UnknownEngineError, ValidationError
-        At the call, as :func:`open` for the URL.
-    ValidationError, SchemaVersionError, EngineError
-        On await, as :func:`open` for the engine options and the opening.
+    ValidationError
+        At the call, as :func:`open` for a malformed URL.
+    UnknownEngineError, ValidationError, SchemaVersionError, EngineError
+        On await, as :func:`open` for the scheme, the engine options and
+        the opening.
     """
-    url, factory = _engine_for(url)
-    return AsyncOpen(_open_async(url, factory, engine_options))
+    return AsyncOpen(_open_async(_checked_url(url), engine_options))
 
 
-async def _open_async(
-    url: str, factory: EngineFactory, engine_options: dict[str, Any]
-) -> AsyncStore:
-    native = getattr(factory, "open_async", None)
-    if native is None:
-        from alkstore.contract.threaded import open_threaded
+async def _open_async(url: str, engine_options: dict[str, Any]) -> AsyncStore:
+    from alkstore.contract.threaded import open_threaded
 
-        return await open_threaded(factory, url, engine_options)
-    store = await native(url, **engine_options)
-    if not isinstance(store, AsyncStore):
-        raise EngineError(
-            f"the engine's open_async returned a {type(store).__name__}, not an AsyncStore"
-        )
-    return store
+    return await open_threaded(_engine_for, url, engine_options)
 
 
 class AsyncOpen:

@@ -28,9 +28,11 @@ visibility timeout and is reclaimed (docs/contract.md §3 "Claim").
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
@@ -46,7 +48,7 @@ from alkstore.contract.store import Store, check_store
 from alkstore.contract.store_async import AsyncStore
 from alkstore.contract.subscription import Subscription
 from alkstore.contract.subscription_async import AsyncSubscription
-from alkstore.errors import StoreClosedError
+from alkstore.errors import EngineError, StoreClosedError
 from alkstore.logic import validation as v
 from alkstore.logic.codec import EncodedPayload
 from alkstore.logic.options import QueueOpts
@@ -142,10 +144,18 @@ class ThreadedAsyncStore(AsyncStore):
         return ThreadedAsyncQueue(self, name, opts, self._sync._open_queue(name, opts))
 
     async def _open_subscription(self, queue_name: str) -> ThreadedAsyncSubscription:
-        sync = await self._run(self._sync._open_subscription, queue_name)
-        subscription = ThreadedAsyncSubscription(self, queue_name, sync)
+        sync, executor = await self._run(self._open_sync_subscription, queue_name)
+        subscription = ThreadedAsyncSubscription(self, queue_name, sync, executor)
         self._subscriptions.add(subscription)
         return subscription
+
+    def _open_sync_subscription(self, queue_name: str) -> tuple[Subscription, ThreadPoolExecutor]:
+        # On the pool: the subscription's own thread starts here, not on
+        # the loop at its first wait.
+        sync = self._sync._open_subscription(queue_name)
+        executor = ThreadPoolExecutor(1, thread_name_prefix="alkstore-listen")
+        executor.submit(_nothing).result(10)
+        return sync, executor
 
     async def _migrate(self) -> None:
         await self._run(self._sync._migrate)
@@ -281,6 +291,10 @@ class ThreadedAsyncJobHandle(AsyncJobHandle):
         return await self._threaded._run(self._sync._heartbeat, extend_s)
 
 
+def _nothing() -> None:
+    pass
+
+
 def _retrieve(future: asyncio.Future[bool]) -> None:
     # A wait whose waiter went away may end in an error nobody awaits:
     # reading it here keeps asyncio from logging it as never retrieved.
@@ -293,11 +307,17 @@ class ThreadedAsyncSubscription(AsyncSubscription):
     subscription from a thread of its own, in slices of at most
     :data:`WAIT_SLICE_S` seconds (see the module docstring)."""
 
-    def __init__(self, store: ThreadedAsyncStore, queue_name: str, sync: Subscription) -> None:
+    def __init__(
+        self,
+        store: ThreadedAsyncStore,
+        queue_name: str,
+        sync: Subscription,
+        executor: ThreadPoolExecutor,
+    ) -> None:
         super().__init__(store, queue_name)
         self._threaded = store
         self._sync = sync
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="alkstore-listen")
+        self._executor = executor
         # The blocking wait in progress, kept across waits: a wait that
         # times out or is cancelled leaves it running, and the next wait
         # takes its result (a wake it consumed) instead of starting another.
@@ -341,29 +361,60 @@ def _pool(max_threads: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_threads, thread_name_prefix="alkstore-async")
 
 
+def _start_threads(executor: ThreadPoolExecutor, n: int) -> None:
+    """From a thread of ``executor``, start its other ``n - 1`` threads, so
+    that no operation starts one on the event loop later (a thread start
+    waits for the new thread). Best effort: gives up after 5 s."""
+    barrier = threading.Barrier(n)
+    for _ in range(n - 1):
+        # Each finds every started thread busy at the barrier: a new one.
+        executor.submit(_meet, barrier)
+    _meet(barrier)
+
+
+def _meet(barrier: threading.Barrier) -> None:
+    with contextlib.suppress(threading.BrokenBarrierError):
+        barrier.wait(5)
+
+
 async def open_threaded(
-    factory: Callable[..., Store],
+    find: Callable[[str], tuple[str, Callable[..., Store]]],
     url: str,
     engine_options: dict[str, Any],
     *,
     max_threads: int = DEFAULT_MAX_THREADS,
-) -> ThreadedAsyncStore:
-    """Open ``factory(url, **engine_options)`` (its I/O: connecting,
-    migrating) on a new pool, and return the async store that owns both.
+) -> AsyncStore:
+    """:func:`alkstore.open_async`'s work, off the event loop: on a new
+    pool, ``find(url)`` the engine's factory (reading entry points,
+    importing the engine), then open its sync store (connecting,
+    migrating) and start the pool's threads; return the async store that
+    owns both. A factory with an ``open_async`` attribute is awaited
+    instead, for its native async store.
 
     Raises
     ------
     Exception
-        Whatever the factory raises (``ValidationError`` for a bad option,
-        ``SchemaVersionError`` ...), after ending the pool's threads. If
-        the opening coroutine is cancelled, a store the factory still
-        opens is closed.
+        Whatever ``find`` or the factory raises (``UnknownEngineError``,
+        ``ValidationError`` for a bad option, ``SchemaVersionError`` ...),
+        after ending the pool's threads; ``EngineError`` for a native
+        ``open_async`` that returns no :class:`AsyncStore`. If the opening
+        coroutine is cancelled, a store the factory still opens is closed.
     """
     max_threads = v.int_in_range(max_threads, "max_threads", 1, 1024)
     executor = _pool(max_threads)
-    opening = executor.submit(functools.partial(factory, url, **engine_options))
+
+    def find_and_open() -> Store | Callable[..., Awaitable[object]]:
+        _, factory = find(url)
+        native: Callable[..., Awaitable[object]] | None = getattr(factory, "open_async", None)
+        if native is not None:
+            return native
+        store = factory(url, **engine_options)
+        _start_threads(executor, max_threads)
+        return store
+
+    opening = executor.submit(find_and_open)
     try:
-        store = await asyncio.shield(asyncio.wrap_future(opening))
+        opened = await asyncio.shield(asyncio.wrap_future(opening))
     except asyncio.CancelledError:
         opening.add_done_callback(_close_opened)
         executor.shutdown(wait=False)
@@ -371,9 +422,20 @@ async def open_threaded(
     except BaseException:
         executor.shutdown(wait=False)
         raise
-    return ThreadedAsyncStore(store, _executor=executor)
+    if isinstance(opened, Store):
+        return ThreadedAsyncStore(opened, _executor=executor)
+    executor.shutdown(wait=False)
+    native_store = await opened(url, **engine_options)
+    if not isinstance(native_store, AsyncStore):
+        raise EngineError(
+            f"the engine's open_async returned a {type(native_store).__name__}, not an AsyncStore"
+        )
+    return native_store
 
 
-def _close_opened(opening: Future[Store]) -> None:
-    if not opening.cancelled() and opening.exception() is None:
-        opening.result().close()
+def _close_opened(opening: Future[Store | Callable[..., Awaitable[object]]]) -> None:
+    if opening.cancelled() or opening.exception() is not None:
+        return
+    opened = opening.result()
+    if isinstance(opened, Store):
+        opened.close()
