@@ -349,6 +349,11 @@ def test_a_closed_async_store_refuses_every_operation(url: str) -> None:
                 await op
         with pytest.raises(StoreClosedError):
             store.queue("q")
+        # An operation already past its closed check when the store closed
+        # finds the pool gone: the same error, not the executor's.
+        assert isinstance(store, ThreadedAsyncStore)
+        with pytest.raises(StoreClosedError):
+            await store._run(int, "1")
 
     run(main())
 

@@ -122,8 +122,7 @@ class ThreadedAsyncStore(AsyncStore):
 
     async def _run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)`` on the pool; the loop waits, unblocked."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+        return await _submit(self._executor, functools.partial(fn, *args, **kwargs))
 
     # -- the AsyncStore primitives -------------------------------------------
 
@@ -291,6 +290,22 @@ class ThreadedAsyncJobHandle(AsyncJobHandle):
         return await self._threaded._run(self._sync._heartbeat, extend_s)
 
 
+def _submit(executor: ThreadPoolExecutor, call: Callable[[], T]) -> asyncio.Future[T]:
+    """``call()`` on ``executor``, as a future of the running loop.
+
+    Raises
+    ------
+    StoreClosedError
+        If the executor has shut down: the store or subscription closed
+        while this operation was on its way (past its closed check).
+    """
+    loop = asyncio.get_running_loop()
+    try:
+        return loop.run_in_executor(executor, call)
+    except RuntimeError as error:  # "cannot schedule new futures after shutdown"
+        raise StoreClosedError("the store is closed") from error
+
+
 def _nothing() -> None:
     pass
 
@@ -333,7 +348,7 @@ class ThreadedAsyncSubscription(AsyncSubscription):
             inherited = future is not None
             if future is None:
                 slice_s = min(max(0.0, deadline - loop.time()), WAIT_SLICE_S)
-                future = loop.run_in_executor(self._executor, self._sync._wait, slice_s)
+                future = _submit(self._executor, functools.partial(self._sync._wait, slice_s))
                 future.add_done_callback(_retrieve)
                 self._inflight = future
             # A slice this call started ends by the deadline: await it
