@@ -389,7 +389,7 @@ def test_slow_operations_never_block_the_loop(url: str, caplog: pytest.LogCaptur
             ids = await q.enqueue_many(list(range(jobs)))
             holder = threading.Thread(target=hold_write_lock)
             holder.start()
-            assert await loop.run_in_executor(None, locked.wait, 10)
+            assert await store._run(locked.wait, 10)  # on the started pool
             done: list[int] = []
             ticks_while_locked = 0
 
@@ -424,16 +424,18 @@ def test_slow_operations_never_block_the_loop(url: str, caplog: pytest.LogCaptur
     assert ticks == 50
     assert acked == jobs
     assert ok
-    # An operation run on the loop would take as long as the lock was
-    # held (the 50 ticks, 50 ms and more). Steps of a few milliseconds are
-    # the OS running the pool's threads instead of the loop's on a busy
-    # host (2 cores, 9 threads): scheduling, not blocking.
+    # An operation run on the loop would wait there for the lock: until
+    # the ticker's 50th tick, which could then never come, so for the
+    # busy timeout (30 s). Debug mode reports steps above 5 ms; on a busy
+    # host (here 2 cores, 9 threads of ours, other tests beside) the OS
+    # alone stalls a step by 5 to 110 ms now and then: scheduling, not
+    # blocking. So a step counts as blocked from 0.25 s.
     took = [
         float(m.group(1))
         for r in caplog.records
         if r.name == "asyncio" and (m := re.search(r"took (\d+\.\d+) seconds", r.getMessage()))
     ]
-    assert [t for t in took if t >= 0.05] == []
+    assert [t for t in took if t >= 0.25] == []
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
