@@ -132,6 +132,7 @@ def test_every_queue_and_handle_operation_is_a_coroutine() -> None:
         "claim_one",
         "claim_batch",
         "ack_batch",
+        "ack_many",
         "cancel",
         "get_job",
         "sweep_expired",
@@ -195,6 +196,14 @@ async def scenario(store: Any, call: Call, clock: ManualClock, path: Path) -> li
     clock.advance(31)
     r += [await call(q.lapsed_claims), await call(lapsing.ack), await call(lapsing.retry, "x")]
     r.append(await call(q.ack_batch, [lapsing.id, 12345]))
+    # ack_many by claim identity: a held claim, the same handle again, a
+    # spent one, and one whose claim lapsed.
+    held, stale = await call(q.claim_batch, "w5", 2)
+    clock.advance(1)
+    r += [held, stale, await call(q.ack_many, [])]
+    r.append(await call(q.ack_many, [held, held, first]))
+    clock.advance(30)
+    r.append(await call(q.ack_many, [stale]))
     r += [await call(q.pause), await call(q.pause), await call(q.is_paused)]
     r += [await call(q.claim_one, "w4"), await call(q.resume), await call(q.resume)]
     r += [await call(q.cancel, 5), await call(q.cancel, 999)]
@@ -257,6 +266,8 @@ BAD_QUEUE_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("claim_batch", ("w", 1.5), {}),
     ("claim_batch", (7, 1), {}),
     ("ack_batch", ("12",), {}),
+    ("ack_many", ("12",), {}),
+    ("ack_many", ([12],), {}),
     ("cancel", ("1",), {}),
     ("get_job", (1.5,), {}),
     ("dead_jobs", (0,), {}),

@@ -317,13 +317,14 @@ class Queue(abc.ABC):
         self._store._check_open()
         if not v.is_collection(handles):
             raise ValidationError(
-                f"handles must be an iterable of JobHandle, not {type(handles).__name__}"
+                f"handles must be an iterable of claim handles, not {type(handles).__name__}"
             )
         items = list(handles)
         for item in items:
             if not isinstance(item, JobHandle):
                 raise ValidationError(
-                    f"handles must be JobHandle objects, not {type(item).__name__}"
+                    "handles must be claim handles (from claim_one or claim_batch),"
+                    f" not {type(item).__name__}"
                 )
             if item._queue.store is not self._store or item.queue != self._name:
                 raise ValidationError(

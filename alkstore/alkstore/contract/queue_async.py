@@ -281,6 +281,67 @@ class AsyncQueue(abc.ABC):
             return 0
         return await self._ack_batch(ids)
 
+    async def ack_many(self, handles: Iterable[AsyncJobHandle]) -> list[bool]:
+        """Ack several claims of this queue at once, each exactly as its own
+        :meth:`AsyncJobHandle.ack` would: a handle's claim is acked only if it is
+        still valid, held by that claim (docs/contract.md §3 "Claim identity
+        and handle validity", "ack_many(handles)"). A stale handle (its
+        claim lapsed and the job was claimed again) acks nothing, so it can
+        never delete another claim's job, as ``ack_batch`` would.
+
+        Parameters
+        ----------
+        handles
+            Iterable of :class:`AsyncJobHandle` of this queue (from this store).
+
+        Returns
+        -------
+        list[bool]
+            One per handle, in order: ``True`` if its ack took effect. A
+            handle listed twice is acked once (``True`` first, ``False``
+            after); a spent handle is ``False`` without I/O; ``[]`` returns
+            ``[]`` without I/O.
+
+        Raises
+        ------
+        StoreClosedError
+        ValidationError
+            If ``handles`` is not an iterable of this queue's handles;
+            nothing is acked.
+        EngineError
+        """
+        from alkstore.contract.handle_async import AsyncJobHandle
+
+        self._store._check_open()
+        if not v.is_collection(handles):
+            raise ValidationError(
+                f"handles must be an iterable of claim handles, not {type(handles).__name__}"
+            )
+        items = list(handles)
+        for item in items:
+            if not isinstance(item, AsyncJobHandle):
+                raise ValidationError(
+                    "handles must be claim handles (from claim_one or claim_batch),"
+                    f" not {type(item).__name__}"
+                )
+            if item._queue.store is not self._store or item.queue != self._name:
+                raise ValidationError(
+                    f"handle of job {item.id} is a claim of queue {item.queue!r}"
+                    + ("" if item._queue.store is self._store else " of another store")
+                    + f", not of {self._name!r}"
+                )
+        live: list[AsyncJobHandle] = []
+        for item in items:
+            if not item._spent and all(item is not seen for seen in live):
+                live.append(item)
+        acked = {id(h) for h, done in zip(live, await self._ack_many(live), strict=True) if done}
+        results: list[bool] = []
+        for item in items:
+            took = id(item) in acked
+            acked.discard(id(item))  # a handle listed again is acked once
+            results.append(item._finish(took))
+        return results
+
     async def cancel(self, job_id: int) -> bool:
         """Delete a pending or processing job of this queue unconditionally
         (a running handler is not interrupted).
@@ -485,6 +546,13 @@ class AsyncQueue(abc.ABC):
     @abc.abstractmethod
     async def _ack_batch(self, job_ids: list[int]) -> int:
         """Delete valid claims among distinct ``job_ids``; return the count."""
+
+    async def _ack_many(self, handles: list[AsyncJobHandle]) -> list[bool]:
+        """Ack each handle's claim if it is valid, as its ``_ack()`` would;
+        one result per handle, in order. The handles are distinct, not
+        spent, and of this queue. This default acks them one by one; engines
+        override it with one statement or one transaction."""
+        return [await handle._ack() for handle in handles]
 
     @abc.abstractmethod
     async def _cancel(self, job_id: int) -> bool:

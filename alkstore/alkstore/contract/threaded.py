@@ -237,6 +237,13 @@ class ThreadedAsyncQueue(AsyncQueue):
     async def _ack_batch(self, job_ids: list[int]) -> int:
         return await self._threaded._run(self._sync._ack_batch, job_ids)
 
+    async def _ack_many(self, handles: list[AsyncJobHandle]) -> list[bool]:
+        # The sync queue's batch, on its own handles: one statement or one
+        # transaction, as the engine wrote it.
+        sync = [handle._sync for handle in handles if isinstance(handle, ThreadedAsyncJobHandle)]
+        assert len(sync) == len(handles), "a handle of another store passed the check"
+        return await self._threaded._run(self._sync._ack_many, sync)
+
     async def _cancel(self, job_id: int) -> bool:
         return await self._threaded._run(self._sync._cancel, job_id)
 
