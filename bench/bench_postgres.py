@@ -49,7 +49,9 @@ from urllib.parse import urlsplit, urlunsplit
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psycopg
+from _pool import pool_wait_row
 from _report import Row, Table, percentile
+from _restart import restart_recovery_row
 
 import alkstore
 from alkstore_postgres import channel_name
@@ -1070,6 +1072,8 @@ def main() -> None:
             systems,
         )
         run(bench, table)
+        table.add(pool_wait_row(bench.urls["alkstore"], quick=args.quick))
+        table.add(restart_recovery_row(quick=args.quick))
         bench.note_missing()
     finally:
         server.drop_all()
