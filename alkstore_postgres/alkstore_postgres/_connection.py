@@ -665,7 +665,8 @@ class Database:
                     ) from error
                 raise
         try:
-            self._set_up(conn)
+            with wrap_errors():
+                self._set_up(conn)
         except BaseException:
             conn.close()
             raise
