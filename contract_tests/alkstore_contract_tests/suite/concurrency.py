@@ -35,7 +35,13 @@ from alkstore_contract_tests._fixtures import (
 from alkstore_contract_tests.harness import StoreTarget
 from alkstore_contract_tests.suite.wake import WAKE_TIMEOUT_S
 
-__all__ = ["ForkTests", "ProcessConcurrencyTests", "ThreadConcurrencyTests", "rounds"]
+__all__ = [
+    "ForkTests",
+    "ProcessConcurrencyTests",
+    "SpawnFixtures",
+    "ThreadConcurrencyTests",
+    "rounds",
+]
 
 BARRIER_TIMEOUT_S = 120.0
 
@@ -322,12 +328,10 @@ class _Spawner:
                 process.join(5)
 
 
-class ProcessConcurrencyTests(ContractFixtures):
-    """Separate processes started with ``"spawn"``; each opens the target with
-    :func:`alkstore.open` and a fixed clock (harness capability
-    ``spawned_processes_can_open``)."""
-
-    PROCESSES = 4
+class SpawnFixtures(ContractFixtures):
+    """The ``spawn`` fixture and :meth:`collect`, for the tests whose
+    children are separate processes started with ``"spawn"`` (harness
+    capability ``spawned_processes_can_open``)."""
 
     @pytest.fixture
     def spawn(self, alkstore_target: StoreTarget) -> Iterator[_Spawner]:
@@ -363,6 +367,14 @@ class ProcessConcurrencyTests(ContractFixtures):
                 raise AssertionError(f"child {item[2]} crashed:\n{item[4]}")
             got.append(item)
         return got
+
+
+class ProcessConcurrencyTests(SpawnFixtures):
+    """Separate processes started with ``"spawn"``; each opens the target with
+    :func:`alkstore.open` and a fixed clock (harness capability
+    ``spawned_processes_can_open``)."""
+
+    PROCESSES = 4
 
     @pytest.mark.slow
     def test_case_001_claim_one_race_processes(self, spawn: _Spawner, store: Store) -> None:
