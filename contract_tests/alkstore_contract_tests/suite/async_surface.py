@@ -290,11 +290,16 @@ def _bad_calls() -> list[tuple[str, str, tuple[Any, ...], dict[str, Any]]]:
 BAD_CALLS = _bad_calls()
 
 
-async def refusals(store: Any, call: Call, queue: str) -> list[tuple[str, str, str]]:
+#: What one call did: ``(call, error type or "accepted", message, what it
+#: wrote)``, the last ``""`` when the queue's stats and held job are as before.
+Refusal = tuple[str, str, str, str]
+
+
+async def refusals(store: Any, call: Call, queue: str) -> list[Refusal]:
     """Each bad call of :data:`BAD_CALLS` on the queue ``queue`` (one due
-    job, one held claim); what it raised: ``(call, error type, message)``
-    (``queue`` shown as ``<q>``), or ``(call, "wrote", stats)`` where it
-    wrote; and the final stats."""
+    job, one held claim), as a :data:`Refusal` (``queue`` shown as
+    ``<q>``); then the refused queue names and options; then the final
+    stats."""
     q = store.queue(queue)
     await call(q.enqueue, "held")
     handle = await call(q.claim_one, "w")
@@ -303,34 +308,30 @@ async def refusals(store: Any, call: Call, queue: str) -> list[tuple[str, str, s
     before = await call(q.stats)
     subscription = await call(store.listen, queue)
     targets = {"queue": q, "handle": handle, "store": store, "subscription": subscription}
-    seen: list[tuple[str, str, str]] = []
+    seen: list[Refusal] = []
     try:
         for kind, name, args, kwargs in BAD_CALLS:
-            label = f"{kind}.{name}{args!r}{kwargs!r}"
+            outcome = ("accepted", "")
             try:
                 await call(getattr(targets[kind], name), *args, **kwargs)
-            except ValidationError as error:
-                seen.append((label, type(error).__name__, str(error).replace(queue, "<q>")))
-            except Exception as error:  # any other error is the finding
-                seen.append((label, type(error).__name__, str(error).replace(queue, "<q>")))
-            else:
-                seen.append((label, "accepted", ""))
+            except Exception as error:  # ValidationError, or the finding
+                outcome = (type(error).__name__, str(error).replace(queue, "<q>"))
             now = await call(q.stats)
-            if now != before or await call(q.get_job, handle.id) != held:
-                seen.append((label, "wrote", repr(now)))
-                before = now
+            wrote = "" if now == before and await call(q.get_job, handle.id) == held else repr(now)
+            before = now
+            seen.append((f"{kind}.{name}{args!r}{kwargs!r}", *outcome, wrote))
         for bad_name in ("", "a b", 3):
             try:
                 store.queue(bad_name)
             except ValidationError as error:
-                seen.append((f"store.queue({bad_name!r})", type(error).__name__, str(error)))
+                seen.append((f"store.queue({bad_name!r})", type(error).__name__, str(error), ""))
         try:
             store.queue(queue, opts={"priority": 1})
         except ValidationError as error:
-            seen.append(("store.queue(opts=dict)", type(error).__name__, str(error)))
+            seen.append(("store.queue(opts=dict)", type(error).__name__, str(error), ""))
     finally:
         await call(subscription.close)
-    seen.append(("stats", "", repr(await call(q.stats))))
+    seen.append(("stats", "", repr(await call(q.stats)), ""))
     return seen
 
 
@@ -370,15 +371,15 @@ class AsyncSurfaceTests(AsyncFixtures):
         nothing."""
         expected = run_on_a_loop(refusals(open_store(), sync_call, "sync-jobs"))
 
-        async def on_async() -> list[tuple[str, str, str]]:
+        async def on_async() -> list[Refusal]:
             async with async_store(clock=ManualClock(T0)) as store:
                 return await refusals(store, async_call, "async-jobs")
 
         got = run_on_a_loop(on_async())
-        wrong = [(a, s) for a, s in zip(got, expected, strict=False) if a != s]
-        assert wrong == [], f"{len(wrong)} calls differ; the first: {wrong[0]}"
         assert len(got) == len(expected)
-        assert {kind for _, kind, _ in expected[:-1]} == {"ValidationError"}
+        wrong = [(a, s) for a, s in zip(got, expected, strict=True) if a != s]
+        assert wrong == [], f"{len(wrong)} calls differ (async, sync); the first: {wrong[0]}"
+        assert {(kind, wrote) for _, kind, _, wrote in expected[:-1]} == {("ValidationError", "")}
         assert expected[-1][2] == repr(QueueStats(1, 0, 1, 0))
 
     def test_async_surface_closed_store_refuses_every_operation(
