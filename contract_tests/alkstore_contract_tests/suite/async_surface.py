@@ -487,24 +487,14 @@ class AsyncConcurrencyTests(AsyncFixtures, SpawnFixtures):
         async store, drain 800 jobs together: each job claimed once."""
         producer = store.queue("race")
         ids = producer.enqueue_many(list(range(800)))
-        ctx = spawn.ctx
-        barrier = ctx.Barrier(self.PROCESSES)
-        results = ctx.Queue()
-        processes = [
-            spawn(
-                _children.async_claim_child,
-                index=i,
-                queue_name="race",
-                coroutines=self.COROUTINES_PER_PROCESS,
-                batch=3,
-                barrier=barrier,
-                results=results,
-            )
-            for i in range(self.PROCESSES)
-        ]
-        reports = self.collect(results, self.PROCESSES, processes)
-        errors = [r[4] for r in reports if r[4] is not None]
-        assert errors == [], errors[0] if errors else ""
+        reports = self.run_together(
+            spawn,
+            _children.async_claim_child,
+            self.PROCESSES,
+            queue_name="race",
+            coroutines=self.COROUTINES_PER_PROCESS,
+            batch=3,
+        )
         claimed = [job_id for r in reports for job_id in r[3]]
         assert Counter(claimed) == Counter(ids)
         assert producer.stats() == (0, 0, 0, 0)

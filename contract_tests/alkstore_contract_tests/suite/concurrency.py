@@ -368,6 +368,24 @@ class SpawnFixtures(ContractFixtures):
             got.append(item)
         return got
 
+    def run_together(
+        self, spawn: _Spawner, function: Callable[..., None], count: int, **kwargs: Any
+    ) -> list[tuple[Any, ...]]:
+        """Start ``count`` children running ``function(spec, index=i,
+        barrier=..., results=..., **kwargs)``, all on one barrier of
+        ``count``; collect one report from each and assert that none
+        reported an error."""
+        barrier = spawn.ctx.Barrier(count)
+        results = spawn.ctx.Queue()
+        processes = [
+            spawn(function, index=i, barrier=barrier, results=results, **kwargs)
+            for i in range(count)
+        ]
+        reports = self.collect(results, count, processes)
+        errors = [r[4] for r in reports if r[4] is not None]
+        assert errors == [], errors[0] if errors else ""
+        return reports
+
 
 class ProcessConcurrencyTests(SpawnFixtures):
     """Separate processes started with ``"spawn"``; each opens the target with
@@ -417,23 +435,9 @@ class ProcessConcurrencyTests(SpawnFixtures):
         """50 jobs, four processes each ``claim_batch(20)`` together."""
         producer = store.queue("race")
         ids = producer.enqueue_many(list(range(50)))
-        ctx = spawn.ctx
-        barrier = ctx.Barrier(self.PROCESSES)
-        results = ctx.Queue()
-        processes = [
-            spawn(
-                _children.claim_batch_child,
-                index=i,
-                queue_name="race",
-                n=20,
-                barrier=barrier,
-                results=results,
-            )
-            for i in range(self.PROCESSES)
-        ]
-        reports = self.collect(results, self.PROCESSES, processes)
-        errors = [r[4] for r in reports if r[4] is not None]
-        assert errors == [], errors[0] if errors else ""
+        reports = self.run_together(
+            spawn, _children.claim_batch_child, self.PROCESSES, queue_name="race", n=20
+        )
         handed = [pair for r in reports for pair in r[3]]
         assert Counter(i for i, _ in handed) == Counter(ids)
         assert {attempts for _, attempts in handed} == {1}
