@@ -525,25 +525,9 @@ class UncheckedEnqueueQueue(ThreadedAsyncQueue):
     as bytes, where the contract raises ``ValidationError`` before any
     write."""
 
-    async def enqueue(
-        self,
-        payload: object,
-        *,
-        delay: object = None,
-        run_at: object = None,
-        priority: object = None,
-        max_attempts: object = None,
-        expires: object = None,
-    ) -> int:
+    async def enqueue(self, payload: object, **options: Any) -> int:
         try:
-            return await super().enqueue(
-                payload,
-                delay=delay,
-                run_at=run_at,
-                priority=priority,
-                max_attempts=max_attempts,
-                expires=expires,
-            )
+            return await super().enqueue(payload, **options)
         except ValidationError:
             resolved = resolve(await self._store._now(), self._opts, enqueue_options())
             unchecked = EncodedPayload(repr(payload).encode(), "application/octet-stream")
