@@ -118,7 +118,7 @@ ACK_MANY = (
 
 #: The async surface's tests (suite/async_surface.py).
 ASYNC = "async_surface"
-ASYNC_MODEL = "async_surface_matches_the_model"
+ASYNC_CLAIMS = "async_surface and (exactly_once or racing_for_one)"
 
 
 def test_wrong_claim_order_fails(run_suite: RunSuite) -> None:
@@ -307,6 +307,19 @@ def test_moves_in_two_steps_fail(run_suite: RunSuite) -> None:
         *(f"{reader}[{move}]" for move in moves),
         "test_case_019_an_ack_racing_a_move_to_the_dead_table_takes_effect_once[fail]",
         "test_case_019_an_ack_racing_a_move_to_the_dead_table_takes_effect_once[retry-at-budget]",
+    }
+
+
+def test_non_atomic_claim_fails_the_async_claims(run_suite: RunSuite) -> None:
+    """The racy claim, through the thread adapter: coroutines on the
+    store's threads, and processes of them, meet in its window too."""
+    result = run_suite("broken_engines", "RacyClaimHarness", "-k", ASYNC_CLAIMS)
+    failed = failed_tests(result)
+    assert failed, result.stdout.str()[-3000:]
+    assert failed <= {
+        "test_async_surface_coroutines_claim_each_job_exactly_once",
+        "test_async_surface_coroutines_racing_for_one_job_hand_it_to_one",
+        "test_async_surface_processes_of_coroutines_claim_each_job_exactly_once",
     }
 
 

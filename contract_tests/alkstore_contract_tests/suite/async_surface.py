@@ -227,6 +227,13 @@ async def surface_scenario(store: Any, call: Call, clock: ManualClock, prefix: s
     r += [await call(store.unschedule, tick), await call(store.unschedule, tick)]
     r.append([n for n in await call(store.queue_names) if n.startswith(prefix)])
     r.append(await call(store.migrate))
+    # A subscription: woken by an enqueue on its queue.
+    subscription = await call(store.listen, q.name)
+    try:
+        r.append(shown.new(await call(q.enqueue, "wake")))
+        r.append(await call(subscription.wait, WAKE_TIMEOUT_S))
+    finally:
+        await call(subscription.close)
     return [shown(v) for v in r]
 
 
@@ -362,6 +369,7 @@ class AsyncSurfaceTests(AsyncFixtures):
         assert expected[3] == []
         assert expected[5][0] == "handle"
         assert ("SweepResult", (2, 0)) in expected
+        assert expected[-1] is True
 
     def test_async_surface_refuses_bad_input_as_the_sync_surface_does(
         self, open_store: StoreFactory, async_store: Callable[..., Any]
@@ -478,6 +486,31 @@ class AsyncConcurrencyTests(AsyncFixtures, SpawnFixtures):
         assert {a for _, a in claimed} == {1}
         assert refused == []
         assert stats == (0, 0, 0, 0)
+
+    def test_async_surface_coroutines_racing_for_one_job_hand_it_to_one(
+        self, async_store: Callable[..., Any]
+    ) -> None:
+        """Each round, 32 coroutines ``claim_one`` the one job at once: one
+        wins it, at attempt 1; repeated."""
+        rounds = 20
+
+        async def main() -> list[list[tuple[int, int]]]:
+            async with async_store() as store:
+                q = store.queue("race")
+                winners = []
+                for round_ in range(rounds):
+                    job_id = await q.enqueue(round_)
+                    got = await asyncio.gather(
+                        *(q.claim_one(f"w{n}") for n in range(self.COROUTINES))
+                    )
+                    won = [(h.id - job_id, h.attempts) for h in got if h is not None]
+                    for handle in got:
+                        if handle is not None:
+                            assert await handle.ack()
+                    winners.append(won)
+                return winners
+
+        assert run_on_a_loop(main()) == [[(0, 1)]] * rounds
 
     @pytest.mark.slow
     def test_async_surface_processes_of_coroutines_claim_each_job_exactly_once(
