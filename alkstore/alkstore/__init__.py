@@ -16,6 +16,7 @@ from alkstore.contract.registry import DEFAULT_URL, open, register
 from alkstore.contract.schedule import Schedule, UnreadableSchedule
 from alkstore.contract.store import Store
 from alkstore.contract.subscription import Subscription
+from alkstore.contract.vacuum import HorizonHolder, TableVacuum, VacuumReport, VacuumReporting
 from alkstore.errors import (
     AlkstoreError,
     EngineError,
@@ -46,6 +47,7 @@ __all__ = [
     "Clock",
     "EngineError",
     "Fail",
+    "HorizonHolder",
     "Job",
     "JobHandle",
     "JobState",
@@ -62,10 +64,13 @@ __all__ = [
     "StoreClosedError",
     "Subscription",
     "SweepResult",
+    "TableVacuum",
     "Sweeper",
     "Task",
     "UnknownEngineError",
     "UnreadableSchedule",
+    "VacuumReport",
+    "VacuumReporting",
     "ValidationError",
     "Worker",
     "WorkerCounts",

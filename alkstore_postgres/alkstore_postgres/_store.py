@@ -9,7 +9,7 @@ from typing import Any
 
 from psycopg import sql
 
-from alkstore import QueueOpts, Store
+from alkstore import QueueOpts, Store, VacuumReport
 from alkstore.engine import (
     EncodedPayload,
     Resolved,
@@ -22,7 +22,7 @@ from alkstore.engine import (
     redact_url,
 )
 from alkstore.errors import ValidationError
-from alkstore_postgres import _operations, _schedules, _schema
+from alkstore_postgres import _operations, _schedules, _schema, _vacuum
 from alkstore_postgres._clock import ServerClock
 from alkstore_postgres._connection import (
     Conn,
@@ -317,6 +317,24 @@ class PostgresStore(Store):
 
     def _queue_names(self) -> list[str]:
         return _operations.queue_names(self)
+
+    def vacuum_report(self) -> VacuumReport:
+        """The store's tables' live and dead row versions (the server's
+        statistics) and the oldest things that hold the xmin horizon, so
+        keep vacuum from removing dead rows: sessions in a transaction,
+        replication slots, prepared transactions (the optional capability
+        :class:`alkstore.VacuumReporting`; docs/operations.md "Long
+        transactions").
+
+        Raises
+        ------
+        StoreClosedError
+            If the store is closed.
+        EngineError
+            If the database fails.
+        """
+        self._check_open()
+        return _vacuum.vacuum_report(self)
 
     def _put_schedule(self, schedule: Schedule) -> Schedule:
         return _schedules.put_schedule(self, schedule)
