@@ -483,6 +483,9 @@ class PostgresQueue(Queue):
         # A larger n is sent unprepared: planned at its call, knowing its LIMIT.
         prepare = n <= _LITERAL_N_MAX
         query = _claim_query(store.schema, n)
+        # Dead rows that vacuum cannot remove (a long transaction elsewhere)
+        # out of the claim's path, at most once a second (_compact).
+        store._compactor.maybe_compact()
         with store._db.connection() as conn, psycopg.RawCursor(conn) as cur:
             # Read once the connection is at hand (PostgresStore._now_on).
             params = (self._name, store._now_on(conn), worker_id)

@@ -24,6 +24,7 @@ from alkstore.engine import (
 from alkstore.errors import ValidationError
 from alkstore_postgres import _operations, _schedules, _schema, _vacuum
 from alkstore_postgres._clock import ServerClock
+from alkstore_postgres._compact import Compactor
 from alkstore_postgres._connection import (
     Conn,
     Database,
@@ -178,6 +179,7 @@ class PostgresStore(Store):
         self._repoll_interval_s = duration_s(repoll_interval_s, "repoll_interval_s", positive=True)
         self._url = redact_url(conninfo)
         self._statements: dict[int, bytes] = {}
+        self._compactor = Compactor(self)
         self._db = Database(
             conninfo,
             min_size=min_size,

@@ -10,6 +10,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -18,11 +19,12 @@ import psycopg
 import pytest
 from postgres_server import throwaway_cluster
 from psycopg import sql
-from test_postgres_claim_cost import put, states
-from test_postgres_schema import make_version, version
+from test_postgres_claim_cost import buffers, put, states
+from test_postgres_schema import claim_plan, make_version, nodes, version
 
 from alkstore_contract_tests import T0, ManualClock
 from alkstore_postgres import SCHEMA_VERSION, PostgresStore, open_store
+from alkstore_postgres._compact import compact
 from alkstore_postgres._schema import render
 
 pytestmark = pytest.mark.postgres
@@ -211,3 +213,137 @@ def _bloat(project: Any, url: str) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+# -- compaction (alkstore_postgres._compact) -------------------------------------
+
+_SELECT_ALL = sql.SQL("SELECT * FROM {jobs} ORDER BY id")
+
+
+def _size(admin: psycopg.Connection[Any], schema: str) -> int:
+    row = admin.execute(
+        "SELECT pg_relation_size(%s::regclass)", [sql.Identifier(schema, "jobs").as_string(None)]
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_compaction_keeps_every_live_row_and_drops_the_dead(
+    store: PostgresStore, admin: psycopg.Connection[Any], schema: str, clock: ManualClock
+) -> None:
+    q = store.queue("q")
+    q.enqueue_many([{"n": n} for n in range(3000)])
+    assert q.ack_batch([h.id for h in q.claim_batch("w", 3000)]) == 3000
+    kept = {
+        "pending": put(admin, schema, "q", "pending", run_at=T0 - _S, rows=3),
+        "scheduled": put(admin, schema, "q", "scheduled", run_at=T0 + 3600 * _S),
+        "processing": put(admin, schema, "q", "processing", deadline=T0 + 3600 * _S),
+        "lapsed": put(admin, schema, "q", "lapsed", deadline=T0 - _S),
+        "expired": put(admin, schema, "q", "expired", expires_at=T0 - _S),
+    }
+    before = admin.execute(render(_SELECT_ALL, schema)).fetchall()
+    bloated = _size(admin, schema)
+
+    # Too few dead rows, or too many live ones: untouched.
+    assert not compact(store, dead_min=10**9, interval_s=0)
+    assert not compact(store, dead_min=0, live_max=6, interval_s=0)
+    assert _size(admin, schema) == bloated
+
+    assert compact(store, dead_min=0, interval_s=0)
+    assert admin.execute(render(_SELECT_ALL, schema)).fetchall() == before
+    assert _size(admin, schema) < bloated / 10
+    # The turn: not again within the interval.
+    assert not compact(store, dead_min=0, interval_s=3600)
+    # Ids go on from the sequence, never reused.
+    new = q.enqueue({"n": "new"})
+    assert new > max(row[0] for row in before)
+    handles = q.claim_batch("w", 10)
+    # Claim order: the pending rows (run_at T0 - 1 s), the new job (T0),
+    # the lapsed claim (T0 + 1 microsecond).
+    assert [h.id for h in handles] == [*kept["pending"], new, *kept["lapsed"]]
+    assert all(h.ack() for h in handles)
+    assert q.get_job(kept["processing"][0]) is not None
+
+
+def test_compaction_gives_up_at_once_while_a_transaction_holds_the_table(
+    store: PostgresStore, admin: psycopg.Connection[Any], postgres_url: str
+) -> None:
+    q = store.queue("q")
+    with psycopg.connect(postgres_url) as app:
+        job_id = q.enqueue_tx(app, {"n": 1})
+        # The enqueue is not committed: the table cannot be taken, and the
+        # compaction does not wait for it (lock_timeout).
+        assert not compact(store, dead_min=0, interval_s=0)
+        app.commit()
+    assert compact(store, dead_min=0, interval_s=0)
+    handle = q.claim_one("w")
+    assert handle is not None
+    assert handle.id == job_id
+
+
+def test_claims_racing_compactions_hand_out_every_job_once(store: PostgresStore) -> None:
+    # Producers, claimers and a compactor at once, on the real clock: every
+    # job claimed exactly once and acked, none lost by a rewrite.
+    q = store.queue("race")
+    jobs = 4000
+    claimed: list[int] = []
+    done = threading.Event()
+    compactions = 0
+
+    def produce() -> None:
+        for start in range(0, jobs, 100):
+            q.enqueue_many([{"n": n} for n in range(start, start + 100)])
+
+    def consume() -> None:
+        while not done.is_set():
+            handles = q.claim_batch("w", 50)
+            claimed.extend(h.id for h in handles)
+            assert q.ack_batch([h.id for h in handles]) == len(handles)
+            if len(claimed) >= jobs:
+                done.set()
+
+    def compactor() -> None:
+        nonlocal compactions
+        while not done.is_set():
+            compactions += compact(store, dead_min=0, live_max=10_000, interval_s=0)
+
+    threads = [threading.Thread(target=t) for t in (produce, consume, consume, compactor)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    assert len(claimed) == len(set(claimed)) == jobs
+    assert q.stats() == (0, 0, 0, 0)
+    assert compactions > 0
+
+
+def test_a_pinned_horizon_is_compacted_out_of_the_claims_path(tmp_path: Any) -> None:
+    # A claim after 5,000 jobs with the horizon pinned walks their dead
+    # entries (and reads their pages); after a compaction it does not, and
+    # its plan is still index-driven.
+    with contextlib.ExitStack() as stack:
+        cluster = throwaway_cluster(stack)
+        url = cluster.url()
+        store = stack.enter_context(open_store(url))
+        admin = stack.enter_context(psycopg.connect(url, autocommit=True))
+        pin = stack.enter_context(psycopg.connect(url, autocommit=True))
+        pin.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        pin.execute("SELECT count(*) FROM pg_class")
+        _churn(store, 5000)
+        queued = store.queue("churn").enqueue({"n": "last"})
+        now = admin.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+        walked = buffers(claim_plan(admin, "alkstore", "churn", now))
+        assert walked > 100
+        assert compact(store, dead_min=0, interval_s=0)
+        plan = claim_plan(admin, "alkstore", "churn", now)
+        assert buffers(plan) < 60
+        scans = {n.get("Index Name") for n in nodes(plan["Plan"])}
+        assert {"jobs_pending", "jobs_processing", "jobs_lapsed"} <= scans
+        # The walks keep their indexes. (The moves' primary-key update is
+        # planned as on a fresh store, whose table is as small.)
+        seq = [n.get("Alias") for n in nodes(plan["Plan"]) if n["Node Type"] == "Seq Scan"]
+        assert len(seq) <= 1
+        handle = store.queue("churn").claim_one("w")
+        assert handle is not None
+        assert handle.id == queued

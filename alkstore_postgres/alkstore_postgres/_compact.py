@@ -1,0 +1,158 @@
+"""Compaction: the jobs table emptied of its dead row versions with
+``TRUNCATE`` when it holds few live rows and many dead ones
+(docs/decisions.md D28, docs/operations.md "Long transactions").
+
+Every claim updates a row out of ``jobs_pending`` and every ack deletes
+it, so each job leaves dead index entries at the head of the claim's walk
+(and, once its deadline passes, in the lapsed end of ``jobs_processing``).
+VACUUM removes them only once no transaction can still see them: while a
+transaction anywhere in the database holds the xmin horizon, every claim
+walks all of them and visits the heap for each (25x the claim's cost
+after 100,000 jobs, bench/_horizon.py). ``TRUNCATE`` removes them whatever
+the horizon, as PgQ's rotating tables do, so when at most
+:data:`LIVE_MAX` rows are live the table is rewritten with only those:
+
+1. the claim path calls :meth:`Compactor.maybe_compact` at most once per
+   :data:`CHECK_INTERVAL_S` per store; it reads the server's live and
+   dead row counts of the table (two counters, no scan) and goes on only
+   with at least :data:`DEAD_MIN` dead and at most :data:`LIVE_MAX` live;
+2. one transaction, every lock wait bounded by ``lock_timeout``
+   (:data:`LOCK_TIMEOUT_MS`), so it never queues claims behind it for
+   longer than that: it takes the store-wide turn (the ``maintenance``
+   row ``compact``, at most one per :data:`CHECK_INTERVAL_S` of server
+   time); then ``ACCESS EXCLUSIVE`` on the table, which it gets only when
+   no transaction holds any lock on it (an open ``enqueue_tx``, a
+   statement in progress, a reader's transaction), else it gives up the
+   turn; then it counts the live rows exactly, copies them out
+   (``COPY ... TO STDOUT``, binary), ``TRUNCATE``\\s the table (new, empty
+   files for it and every index) and copies them back with the same
+   values, ids included.
+
+No other session can see the table in between: every statement on it
+waits for the lock, then (read committed) takes its snapshot and finds
+every live row as it was. The exception is a transaction that took its
+snapshot before and reads the table after: ``TRUNCATE`` is not MVCC-safe,
+so it sees none of the rows (docs/operations.md says so).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import psycopg
+from psycopg import sql
+
+from alkstore.errors import EngineError
+
+if TYPE_CHECKING:
+    from alkstore_postgres._store import PostgresStore
+
+__all__ = ["CHECK_INTERVAL_S", "DEAD_MIN", "LIVE_MAX", "Compactor", "compact"]
+
+#: Seconds between two looks at the counters by one store, and between two
+#: compactions of one schema by all stores (the server's clock).
+CHECK_INTERVAL_S = 1.0
+#: Dead row versions (the server's count) that make compaction worth it.
+DEAD_MIN = 10_000
+#: Live rows at most that are copied out and back under the lock.
+LIVE_MAX = 2_000
+#: How long a compaction waits for any lock before giving up its turn.
+LOCK_TIMEOUT_MS = 10
+
+COUNTERS = sql.SQL(
+    "SELECT pg_stat_get_live_tuples(%(jobs)s::regclass),"
+    " pg_stat_get_dead_tuples(%(jobs)s::regclass)"
+)
+
+# The store-wide turn: a row only when the last one was long enough ago
+# (server time: this is about the server's load, not about the jobs).
+TAKE = sql.SQL("""
+    INSERT INTO {maintenance} AS m (task, last_run_at) VALUES ('compact', statement_timestamp())
+    ON CONFLICT (task) DO UPDATE SET last_run_at = excluded.last_run_at
+    WHERE m.last_run_at <= statement_timestamp() - make_interval(secs => %(interval_s)s)
+    RETURNING 1
+""")
+
+LOCK = sql.SQL("LOCK TABLE {jobs} IN ACCESS EXCLUSIVE MODE")
+LIVE = sql.SQL("SELECT count(*) FROM (SELECT FROM {jobs} LIMIT %(over)s) AS live")
+COPY_OUT = sql.SQL("COPY {jobs} TO STDOUT (FORMAT BINARY)")
+TRUNCATE = sql.SQL("TRUNCATE {jobs}")
+# COPY writes the given ids into the identity column (as INSERT ...
+# OVERRIDING SYSTEM VALUE would); the sequence is untouched.
+COPY_IN = sql.SQL("COPY {jobs} FROM STDIN (FORMAT BINARY)")
+
+
+def compact(
+    store: PostgresStore,
+    *,
+    dead_min: int = DEAD_MIN,
+    live_max: int = LIVE_MAX,
+    interval_s: float = CHECK_INTERVAL_S,
+) -> bool:
+    """Compact the store's jobs table if it is worth it and the turn and
+    the lock can be had at once (module docstring); return whether it was
+    rewritten. ``dead_min``, ``live_max`` (rows) and ``interval_s`` (the
+    store-wide turn, seconds) default to the module's constants.
+
+    Raises
+    ------
+    EngineError
+        If the database fails.
+    """
+    name = sql.Identifier(store.schema, "jobs").as_string(None)
+    with store._db.connection() as conn:
+        counters = conn.execute(store.sql(COUNTERS), {"jobs": name}).fetchone()
+        assert counters is not None
+        live, dead = counters
+        if dead < dead_min or live > live_max:
+            return False
+        try:
+            with conn.transaction():
+                conn.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
+                params = {"interval_s": interval_s}
+                if conn.execute(store.sql(TAKE), params).fetchone() is None:
+                    return False
+                try:
+                    with conn.transaction():
+                        conn.execute(store.sql(LOCK))
+                except psycopg.errors.LockNotAvailable:
+                    return False  # busy: the turn is spent, the next one tries again
+                row = conn.execute(store.sql(LIVE), {"over": live_max + 1}).fetchone()
+                assert row is not None
+                if row[0] > live_max:
+                    return False
+                with conn.cursor() as cur:
+                    with cur.copy(store.sql(COPY_OUT)) as out:
+                        data = b"".join(bytes(block) for block in out)
+                    cur.execute(store.sql(TRUNCATE))
+                    with cur.copy(store.sql(COPY_IN)) as into:
+                        into.write(data)
+        except psycopg.errors.LockNotAvailable:
+            return False  # another compactor holds the turn's row
+    return True
+
+
+class Compactor:
+    """A store's rate limit on :func:`compact`: :meth:`maybe_compact` looks
+    at most once per :data:`CHECK_INTERVAL_S` (monotonic), from one thread
+    at a time, and never raises the database's errors (the claim that
+    calls it must not fail for it; the next look tries again)."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+        self._next = 0.0
+        self._busy = threading.Lock()
+
+    def maybe_compact(self) -> None:
+        """Compact now if due (see the class docstring)."""
+        if time.monotonic() < self._next or not self._busy.acquire(blocking=False):
+            return
+        try:
+            self._next = time.monotonic() + CHECK_INTERVAL_S
+            with contextlib.suppress(EngineError):
+                compact(self._store)
+        finally:
+            self._busy.release()
