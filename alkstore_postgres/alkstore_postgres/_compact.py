@@ -12,10 +12,11 @@ after 100,000 jobs, bench/_horizon.py). ``TRUNCATE`` removes them whatever
 the horizon, as PgQ's rotating tables do, so when at most
 :data:`LIVE_MAX` rows are live the table is rewritten with only those:
 
-1. the claim path calls :meth:`Compactor.maybe_compact` at most once per
-   :data:`CHECK_INTERVAL_S` per store; it reads the server's live and
-   dead row counts of the table (two counters, no scan) and goes on only
-   with at least :data:`DEAD_MIN` dead and at most :data:`LIVE_MAX` live;
+1. after a claim that was slow (:data:`SLOW_CLAIM_S`), at most once per
+   :data:`CHECK_INTERVAL_S` per store (:class:`Compactor`), the store reads the server's
+   live and dead row counts of the table (two counters, no scan) and goes
+   on only with at least :data:`DEAD_MIN` dead and at most
+   :data:`LIVE_MAX` live;
 2. one transaction, every lock wait bounded by ``lock_timeout``
    (:data:`LOCK_TIMEOUT_MS`), so it never queues claims behind it for
    longer than that: it takes the store-wide turn (the ``maintenance``
@@ -45,18 +46,30 @@ from typing import TYPE_CHECKING
 import psycopg
 from psycopg import sql
 
-from alkstore.errors import EngineError
+from alkstore.errors import EngineError, StoreClosedError
 
 if TYPE_CHECKING:
     from alkstore_postgres._store import PostgresStore
 
-__all__ = ["CHECK_INTERVAL_S", "DEAD_MIN", "LIVE_MAX", "Compactor", "compact"]
+__all__ = [
+    "CHECK_INTERVAL_S",
+    "DEAD_MIN",
+    "LIVE_MAX",
+    "SLOW_CLAIM_PER_JOB_S",
+    "SLOW_CLAIM_S",
+    "Compactor",
+    "compact",
+]
 
 #: Seconds between two looks at the counters by one store, and between two
 #: compactions of one schema by all stores (the server's clock).
-CHECK_INTERVAL_S = 1.0
+CHECK_INTERVAL_S = 0.5
+#: Seconds of a claim, plus seconds per job it asked for, that make it
+#: look at the counters (see Compactor).
+SLOW_CLAIM_S = 0.002
+SLOW_CLAIM_PER_JOB_S = 0.00005
 #: Dead row versions (the server's count) that make compaction worth it.
-DEAD_MIN = 10_000
+DEAD_MIN = 2_000
 #: Live rows at most that are copied out and back under the lock.
 LIVE_MAX = 2_000
 #: How long a compaction waits for any lock before giving up its turn.
@@ -136,23 +149,34 @@ def compact(
 
 
 class Compactor:
-    """A store's rate limit on :func:`compact`: :meth:`maybe_compact` looks
-    at most once per :data:`CHECK_INTERVAL_S` (monotonic), from one thread
-    at a time, and never raises the database's errors (the claim that
-    calls it must not fail for it; the next look tries again)."""
+    """A store's trigger for :func:`compact`, called after each claim with
+    the seconds it took and the jobs it asked for: a claim slower than
+    :data:`SLOW_CLAIM_S` plus :data:`SLOW_CLAIM_PER_JOB_S` per job asked
+    for (the sign of dead entries in its walk: with vacuum working, the
+    first scan that finds an entry dead marks it so, and claims stay fast)
+    looks at the counters, at most once per :data:`CHECK_INTERVAL_S`. A
+    store whose claims are fast sends the claim alone. One thread at a
+    time looks; it never raises (the claim's jobs are already in hand; the
+    next look tries again)."""
 
     def __init__(self, store: PostgresStore) -> None:
         self._store = store
-        self._next = 0.0
+        # The first look comes an interval after the store opened: its
+        # first claims on each connection are slow for being planned.
+        self._last = time.monotonic()
         self._busy = threading.Lock()
 
-    def maybe_compact(self) -> None:
+    def after_claim(self, took_s: float, n: int) -> None:
         """Compact now if due (see the class docstring)."""
-        if time.monotonic() < self._next or not self._busy.acquire(blocking=False):
+        if took_s < SLOW_CLAIM_S + n * SLOW_CLAIM_PER_JOB_S:
+            return
+        if time.monotonic() - self._last < CHECK_INTERVAL_S:
+            return
+        if not self._busy.acquire(blocking=False):
             return
         try:
-            self._next = time.monotonic() + CHECK_INTERVAL_S
-            with contextlib.suppress(EngineError):
+            self._last = time.monotonic()
+            with contextlib.suppress(EngineError, StoreClosedError):
                 compact(self._store)
         finally:
             self._busy.release()
