@@ -14,9 +14,11 @@ the horizon, as PgQ's rotating tables do, so when at most
 
 1. after a claim that was slow (:data:`SLOW_CLAIM_S`), at most once per
    :data:`CHECK_INTERVAL_S` per store (:class:`Compactor`), the store reads the server's
-   live and dead row counts of the table (two counters, no scan) and goes
-   on only with at least :data:`DEAD_MIN` dead and at most
-   :data:`LIVE_MAX` live;
+   live and dead row counts of the table (two counters, no scan) and the
+   age of the oldest transaction of the database that holds the xmin
+   horizon, and goes on only with at least :data:`DEAD_MIN` dead, at most
+   :data:`LIVE_MAX` live, and that transaction open for at least
+   :data:`HORIZON_MIN_S` (else vacuum can do the work);
 2. one transaction, every lock wait bounded by ``lock_timeout``
    (:data:`LOCK_TIMEOUT_MS`), so it never queues claims behind it for
    longer than that: it takes the store-wide turn (the ``maintenance``
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CHECK_INTERVAL_S",
     "DEAD_MIN",
+    "HORIZON_MIN_S",
     "LIVE_MAX",
     "SLOW_CLAIM_PER_JOB_S",
     "SLOW_CLAIM_S",
@@ -66,19 +69,30 @@ __all__ = [
 CHECK_INTERVAL_S = 0.5
 #: Seconds of a claim, plus seconds per job it asked for, that make it
 #: look at the counters (see Compactor).
-SLOW_CLAIM_S = 0.002
+SLOW_CLAIM_S = 0.001
 SLOW_CLAIM_PER_JOB_S = 0.00005
 #: Dead row versions (the server's count) that make compaction worth it.
 DEAD_MIN = 2_000
+#: Seconds a transaction holding the xmin horizon must have been open for
+#: vacuum to be taken as held back: below it, vacuum is left to do the work.
+HORIZON_MIN_S = 5.0
 #: Live rows at most that are copied out and back under the lock.
 LIVE_MAX = 2_000
 #: How long a compaction waits for any lock before giving up its turn.
 LOCK_TIMEOUT_MS = 10
 
-COUNTERS = sql.SQL(
-    "SELECT pg_stat_get_live_tuples(%(jobs)s::regclass),"
-    " pg_stat_get_dead_tuples(%(jobs)s::regclass)"
-)
+# The table's counters, and for how many seconds the oldest transaction
+# of this database that holds the xmin horizon has been open (with vacuum
+# able to work, transactions are short).
+COUNTERS = sql.SQL("""
+    SELECT pg_stat_get_live_tuples(%(jobs)s::regclass),
+           pg_stat_get_dead_tuples(%(jobs)s::regclass),
+           (SELECT coalesce(extract(epoch FROM clock_timestamp() - min(xact_start)), 0)::float8
+            FROM pg_stat_activity
+            WHERE datname = current_database() AND pid <> pg_backend_pid()
+              AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+              AND backend_type <> 'autovacuum worker')
+""")
 
 # The store-wide turn: a row only when the last one was long enough ago
 # (server time: this is about the server's load, not about the jobs).
@@ -104,11 +118,13 @@ def compact(
     dead_min: int = DEAD_MIN,
     live_max: int = LIVE_MAX,
     interval_s: float = CHECK_INTERVAL_S,
+    horizon_min_s: float = HORIZON_MIN_S,
 ) -> bool:
     """Compact the store's jobs table if it is worth it and the turn and
     the lock can be had at once (module docstring); return whether it was
-    rewritten. ``dead_min``, ``live_max`` (rows) and ``interval_s`` (the
-    store-wide turn, seconds) default to the module's constants.
+    rewritten. ``dead_min``, ``live_max`` (rows), ``interval_s`` (the
+    store-wide turn, seconds) and ``horizon_min_s`` (seconds) default to
+    the module's constants.
 
     Raises
     ------
@@ -119,8 +135,8 @@ def compact(
     with store._db.connection() as conn:
         counters = conn.execute(store.sql(COUNTERS), {"jobs": name}).fetchone()
         assert counters is not None
-        live, dead = counters
-        if dead < dead_min or live > live_max:
+        live, dead, horizon = counters
+        if dead < dead_min or live > live_max or horizon < horizon_min_s:
             return False
         try:
             with conn.transaction():
