@@ -50,7 +50,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psycopg
 from _horizon import horizon_rows
+from _pool import pool_wait_row
 from _report import Row, Table, percentile
+from _restart import restart_recovery_row
 
 import alkstore
 from alkstore_postgres import channel_name
@@ -1012,6 +1014,8 @@ def main() -> None:
             systems,
         )
         run(bench, table)
+        table.add(pool_wait_row(bench.urls["alkstore"], quick=args.quick))
+        table.add(restart_recovery_row(quick=args.quick))
         bench.note_missing()
     finally:
         server.drop_all()

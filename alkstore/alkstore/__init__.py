@@ -2,20 +2,26 @@
 
 Open a store with :func:`open` (embedded SQLite by default, PostgreSQL by
 URL), take a :class:`Queue` with :meth:`Store.queue`, enqueue payloads and
-claim them as :class:`JobHandle` objects; or register functions as tasks on an
-:class:`App` and run them with a :class:`Worker` (``alkstore worker``). The
-contract every engine keeps is docs/contract.md.
+claim them as :class:`JobHandle` objects; or register functions as tasks on
+an :class:`App` and run them with a :class:`Worker` (``alkstore worker``).
+:func:`open_async` gives the same contract to asyncio code
+(:class:`AsyncStore`, docs/async.md). The contract every engine keeps is
+docs/contract.md.
 """
 
 from __future__ import annotations
 
 from alkstore.contract.handle import JobHandle
+from alkstore.contract.handle_async import AsyncJobHandle
 from alkstore.contract.job import Job, JobState, QueueStats, SweepResult
 from alkstore.contract.queue import Queue
-from alkstore.contract.registry import DEFAULT_URL, open, register
+from alkstore.contract.queue_async import AsyncQueue
+from alkstore.contract.registry import DEFAULT_URL, open, open_async, register
 from alkstore.contract.schedule import Schedule, UnreadableSchedule
 from alkstore.contract.store import Store
+from alkstore.contract.store_async import AsyncStore
 from alkstore.contract.subscription import Subscription
+from alkstore.contract.subscription_async import AsyncSubscription
 from alkstore.contract.vacuum import HorizonHolder, TableVacuum, VacuumReport, VacuumReporting
 from alkstore.errors import (
     AlkstoreError,
@@ -44,6 +50,10 @@ __all__ = [
     "MAX_PAYLOAD_BYTES",
     "AlkstoreError",
     "App",
+    "AsyncJobHandle",
+    "AsyncQueue",
+    "AsyncStore",
+    "AsyncSubscription",
     "Clock",
     "EngineError",
     "Fail",
@@ -80,6 +90,7 @@ __all__ = [
     "encode_payload",
     "enqueue_options",
     "open",
+    "open_async",
     "register",
     "resolve",
 ]

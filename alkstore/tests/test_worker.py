@@ -538,19 +538,19 @@ def _fail_with_int_message() -> None:
     raise exc
 
 
-def _ack_batch_raises(self: Queue, job_ids: object) -> int:
-    raise RuntimeError("a bug in ack_batch")
+def _ack_many_raises(self: Queue, handles: object) -> list[bool]:
+    raise RuntimeError("a bug in ack_many")
 
 
-@pytest.mark.parametrize("fault", ["fail-refuses-the-message", "ack-batch-raises"])
+@pytest.mark.parametrize("fault", ["fail-refuses-the-message", "ack-many-raises"])
 def test_an_outcome_that_cannot_be_recorded_is_lost_and_frees_the_slot(
     app: App, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, fault: str
 ) -> None:
     """Recording the outcome raised: the error is logged, the job is left
     claimed to lapse (``lost``), and the slot is freed, so a burst run
     returns and a stop does not wait out the grace period."""
-    if fault == "ack-batch-raises":  # the completer's flush (W14)
-        monkeypatch.setattr(Queue, "ack_batch", _ack_batch_raises)
+    if fault == "ack-many-raises":  # the completer's flush (W14)
+        monkeypatch.setattr(Queue, "ack_many", _ack_many_raises)
         handler = print
     else:
         handler = _fail_with_int_message
@@ -561,7 +561,7 @@ def test_an_outcome_that_cannot_be_recorded_is_lost_and_frees_the_slot(
         counts = BurstRun(worker).join()
     assert counts == WorkerCounts(lost=1)
     assert worker.running == 0
-    if fault == "ack-batch-raises":
+    if fault == "ack-many-raises":
         assert "acking 1 finished job(s) of 'q' failed" in caplog.text
     else:
         assert "recording the outcome of job" in caplog.text
@@ -808,7 +808,7 @@ def test_a_failed_flush_leaves_the_jobs_claimed_to_lapse_and_run_again(
 
     job_ids = t.enqueue_many([["a"], ["b"]])
     with monkeypatch.context() as patch:
-        patch.setattr(Queue, "ack_batch", _ack_batch_raises)
+        patch.setattr(Queue, "ack_many", _ack_many_raises)
         with caplog.at_level(logging.WARNING, logger="alkstore.worker"):
             counts = app.worker(concurrency=2, handle_signals=False).run(burst=True)
     assert counts == WorkerCounts(lost=2)
@@ -829,10 +829,10 @@ def test_a_failed_flush_leaves_the_jobs_claimed_to_lapse_and_run_again(
 def test_a_batch_ack_short_of_a_job_removed_meanwhile_counts_exactly(
     app: App, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A job cancelled while it ran is gone before the flush, so the batch
-    acks one job fewer: the counts follow ``ack_batch``'s count, and the
-    jobs of that batch that are gone are logged ``unknown``, since which one
-    the batch acked cannot be told."""
+    """A job cancelled while it ran is gone before the flush: ``ack_many``
+    says per claim which acks took effect, so the other job of the batch is
+    ``succeeded`` and the cancelled one ``cancelled`` (with ``ack_batch``'s
+    count alone, both were logged ``unknown``)."""
     monkeypatch.setattr(_worker, "_ACK_DELAY_S", 0.5)  # both in one batch
     cancelled = threading.Event()
 
@@ -849,10 +849,10 @@ def test_a_batch_ack_short_of_a_job_removed_meanwhile_counts_exactly(
     canceller_id = canceller.enqueue(victim_id)
     with caplog.at_level(logging.DEBUG, logger="alkstore.worker"):
         counts = app.worker(concurrency=2, handle_signals=False).run(burst=True)
-    assert counts == WorkerCounts(succeeded=1, lost=1)
+    assert counts == WorkerCounts(succeeded=1, cancelled=1)
     assert _flushes(caplog) == [(1, 2)]
     outcomes = {r.job_id: r.outcome for r in caplog.records if hasattr(r, "outcome")}  # type: ignore[attr-defined]
-    assert outcomes == {victim_id: "unknown", canceller_id: "unknown"}
+    assert outcomes == {victim_id: "cancelled", canceller_id: "succeeded"}
     assert app.queue("q").stats().processing == 0
 
 
@@ -913,8 +913,8 @@ def test_two_runs_of_one_job_in_one_batch_count_the_older_as_lost(
 ) -> None:
     """The worker reclaims its own job whose first claim lapsed while the
     handler ran; both runs finish into one batch. The older run is lost,
-    the newer succeeds (``ack_batch`` counts an id once: before, both were
-    logged ``unknown``)."""
+    the newer succeeds: ``ack_many`` judges each run's claim by its identity
+    (before, with ``ack_batch``'s count alone, both were logged ``unknown``)."""
     monkeypatch.setattr(_worker, "_ACK_DELAY_S", 0.5)  # both runs in one batch
     clock = ManualClock(T0)
     first_started, second_done, release = threading.Event(), threading.Event(), threading.Event()

@@ -1,6 +1,6 @@
 """Compaction: the jobs table emptied of its dead row versions with
 ``TRUNCATE`` when it holds few live rows and many dead ones
-(docs/decisions.md D28, docs/operations.md "Long transactions").
+(docs/decisions.md D29, docs/operations.md "Long transactions").
 
 Every claim updates a row out of ``jobs_pending`` and every ack deletes
 it, so each job leaves dead index entries at the head of the claim's walk
@@ -26,7 +26,8 @@ the horizon, as PgQ's rotating tables do, so when at most
    time); then ``ACCESS EXCLUSIVE`` on the table, which it gets only when
    no transaction holds any lock on it (an open ``enqueue_tx``, a
    statement in progress, a reader's transaction), else it gives up the
-   turn; then it counts the live rows exactly, copies them out
+   turn; then it counts the live rows exactly (and their bytes, at most
+   :data:`LIVE_BYTES_MAX`), copies them out
    (``COPY ... TO STDOUT``, binary), ``TRUNCATE``\\s the table (new, empty
    files for it and every index) and copies them back with the same
    values, ids included.
@@ -57,6 +58,7 @@ __all__ = [
     "CHECK_INTERVAL_S",
     "DEAD_MIN",
     "HORIZON_MIN_S",
+    "LIVE_BYTES_MAX",
     "LIVE_MAX",
     "SLOW_CLAIM_PER_JOB_S",
     "SLOW_CLAIM_S",
@@ -78,6 +80,9 @@ DEAD_MIN = 2_000
 HORIZON_MIN_S = 5.0
 #: Live rows at most that are copied out and back under the lock.
 LIVE_MAX = 2_000
+#: Bytes of live rows at most (their stored size): they pass through this
+#: process's memory while the lock is held.
+LIVE_BYTES_MAX = 64 * 1024 * 1024
 #: How long a compaction waits for any lock before giving up its turn.
 LOCK_TIMEOUT_MS = 10
 
@@ -104,7 +109,10 @@ TAKE = sql.SQL("""
 """)
 
 LOCK = sql.SQL("LOCK TABLE {jobs} IN ACCESS EXCLUSIVE MODE")
-LIVE = sql.SQL("SELECT count(*) FROM (SELECT FROM {jobs} LIMIT %(over)s) AS live")
+LIVE = sql.SQL("""
+    SELECT count(*), coalesce(sum(pg_column_size(live.*)), 0)::bigint
+    FROM (SELECT * FROM {jobs} LIMIT %(over)s) AS live
+""")
 COPY_OUT = sql.SQL("COPY {jobs} TO STDOUT (FORMAT BINARY)")
 TRUNCATE = sql.SQL("TRUNCATE {jobs}")
 # COPY writes the given ids into the identity column (as INSERT ...
@@ -151,7 +159,7 @@ def compact(
                     return False  # busy: the turn is spent, the next one tries again
                 row = conn.execute(store.sql(LIVE), {"over": live_max + 1}).fetchone()
                 assert row is not None
-                if row[0] > live_max:
+                if row[0] > live_max or row[1] > LIVE_BYTES_MAX:
                     return False
                 with conn.cursor() as cur:
                     with cur.copy(store.sql(COPY_OUT)) as out:

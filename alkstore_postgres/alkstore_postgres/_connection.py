@@ -61,6 +61,23 @@ log = logging.getLogger("alkstore.postgres")
 Conn: TypeAlias = psycopg.Connection[TupleRow]
 
 
+class _PoolConnection(psycopg.Connection[TupleRow]):
+    """The pool's connection class: a connect that fails is handed to the
+    ``on_connect_error`` callable the pool's kwargs carry (the pool's own
+    connects run on its threads and only log their errors), so that an
+    operation that gets no connection in time can say why."""
+
+    @classmethod
+    def connect(  # type: ignore[override]
+        cls, conninfo: str = "", *, on_connect_error: Callable[[psycopg.Error], None], **kwargs: Any
+    ) -> _PoolConnection:
+        try:
+            return super().connect(conninfo, **kwargs)
+        except psycopg.Error as error:
+            on_connect_error(error)
+            raise
+
+
 def _idle_and_alive(conn: Conn) -> bool:
     if conn.closed:
         return False
@@ -109,15 +126,39 @@ _PERMANENT_SQLSTATES = frozenset(
 )
 
 
+# too_many_connections (53300): the server's max_connections (less the
+# slots it reserves) or the role's or database's connection limit are all
+# taken. A refused connect carries no SQLSTATE in psycopg, only libpq's
+# message, which the server words one of these ways. Not permanent: slots
+# free up as other clients close theirs, and the worker retries.
+_TOO_MANY_CONNECTIONS = "53300"
+_TOO_MANY_CONNECTIONS_WORDS = (
+    "too many clients already",
+    "too many connections for",
+    "remaining connection slots are reserved",
+)
+_TOO_MANY_CONNECTIONS_HINT = (
+    " (the server has no connection slot left for this role: raise the server's"
+    " max_connections or the role's or database's CONNECTION LIMIT, or hold fewer"
+    " connections: each process's store holds up to pool_max_size + 2; see"
+    ' docs/deployment.md "Connection budget")'
+)
+
+
 def engine_error(error: psycopg.Error, *, query_timeout_s: float | None = None) -> EngineError:
     """Wrap a driver error; raise the result ``from error``.
 
     ``permanent`` is set for the SQLSTATEs a retry cannot get past (missing
     privilege, a dropped table or schema). With ``query_timeout_s``, a
     statement the server cancelled for its ``statement_timeout`` names that
-    bound.
+    bound. A connect refused because the server's ``max_connections`` is
+    exhausted says so, and what to change.
     """
     detail = str(error).strip() or type(error).__name__
+    if error.sqlstate == _TOO_MANY_CONNECTIONS or any(
+        words in detail for words in _TOO_MANY_CONNECTIONS_WORDS
+    ):
+        detail += _TOO_MANY_CONNECTIONS_HINT
     if (
         query_timeout_s is not None
         and isinstance(error, psycopg.errors.QueryCanceled)
@@ -213,6 +254,9 @@ _KEEPALIVE_MAX_S = 32767
 #: and the server does not answer (a restart, a failover): see
 #: Database._take.
 RECONNECT_EVERY_S = 1.0
+#: Seconds a pooled connection may stay unused before the pool closes it
+#: (down to ``min_size``): a burst's connections are not held for long.
+POOL_MAX_IDLE_S = 60.0
 
 
 def _session_options(conninfo: str, query_timeout_s: float) -> str:
@@ -307,6 +351,8 @@ class Database:
         # Connections made before this instant are suspect: a call on one of
         # the store's connections got no answer within the bound then.
         self._suspect_before = -math.inf
+        # The pool's last failed connect: (monotonic seconds, the error).
+        self._connect_failed: tuple[float, psycopg.Error] | None = None
         #: Called once a call got no answer in time (from the watchdog's
         #: thread): the LISTEN connection is checked then too.
         self.on_dead_connection: list[Callable[[], None]] = []
@@ -322,19 +368,26 @@ class Database:
         self._fork_lock = threading.Lock()
         _databases.add(self)
 
-    def _new_pool(self) -> ConnectionPool[Conn]:
+    def _new_pool(self) -> ConnectionPool[_PoolConnection]:
+        # The pool opens connections as operations wait for one, up to
+        # max_size, and closes those unused for POOL_MAX_IDLE_S.
         return ConnectionPool(
             self.conninfo,
-            kwargs=self._params,
+            connection_class=_PoolConnection,
+            kwargs={**self._params, "on_connect_error": self._record_connect_error},
             configure=self._configure,
             min_size=self._min_size,
             max_size=self._max_size,
+            max_idle=POOL_MAX_IDLE_S,
             timeout=self.timeout_s,
             # A failed connect is tried once more, then given up (see _take).
             reconnect_timeout=RECONNECT_EVERY_S,
             open=False,
             name=self._name,
         )
+
+    def _record_connect_error(self, error: psycopg.Error) -> None:
+        self._connect_failed = (time.monotonic(), error)
 
     def _configure(self, conn: Conn) -> None:
         conn.adapters.register_dumper(ByteaArray, _ByteaArrayDumper)
@@ -430,7 +483,7 @@ class Database:
             # itself, so nothing is left for the pool to roll back.
             self._pool.putconn(conn)
 
-    def _getconn(self) -> Conn:
+    def _getconn(self) -> _PoolConnection:
         if self._open_in_child:
             with self._fork_lock:
                 if self._open_in_child:
@@ -453,7 +506,7 @@ class Database:
             self._pool.putconn(conn)
         return self._take()
 
-    def _take(self) -> Conn:
+    def _take(self) -> _PoolConnection:
         # psycopg_pool tries a failed connect again after a pause that
         # doubles each time (1, 2, 4, 8 ... s): a server back after an
         # outage of 7 s would be tried 8 s later, and every operation waiting
@@ -463,16 +516,32 @@ class Database:
         # RECONNECT_EVERY_S, which makes the pool start a new connect at
         # once: the server is tried about once a second for as long as
         # anyone waits, however long it was away; still within timeout_s.
-        deadline = time.monotonic() + self.timeout_s
+        started = time.monotonic()
+        deadline = started + self.timeout_s
         while True:
             wait_s = min(deadline - time.monotonic(), RECONNECT_EVERY_S)
             try:
                 return self._pool.getconn(max(wait_s, 0.001))
             except PoolTimeout:
                 if time.monotonic() >= deadline:
-                    raise PoolTimeout(
-                        f"couldn't get a connection after {self.timeout_s:.2f} sec"
-                    ) from None
+                    raise self._no_connection(started) from None
+
+    def _no_connection(self, waited_since: float) -> EngineError:
+        # Why no connection came within timeout_s: the connects the pool
+        # tried meanwhile failed (the server is down, or out of slots), or
+        # every connection was in use.
+        failed = self._connect_failed
+        if failed is not None and failed[0] >= waited_since:
+            cause = engine_error(failed[1])
+            return EngineError(
+                f"no connection within pool_timeout_s ({self.timeout_s:g} s): "
+                f"connecting failed: {cause}",
+                permanent=cause.permanent,
+            )
+        return EngineError(
+            f"no connection within pool_timeout_s ({self.timeout_s:g} s): all "
+            f"{self._max_size} of the pool's connections (pool_max_size) were in use"
+        )
 
     def connect(self, **kwargs: Any) -> Conn:
         """Open a direct autocommit connection (not from the pool), with the

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -41,6 +41,8 @@ _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 # How many times ack_batch runs when PostgreSQL aborts it as a deadlock victim.
 _DEADLOCK_ATTEMPTS = 3
+
+T = TypeVar("T")
 
 _COLUMNS = sql.SQL(
     "queue, state, payload, content_type, priority, run_at, expires_at, enqueued_at, "
@@ -278,6 +280,15 @@ ACK_BATCH = sql.SQL("""
       AND state NOT IN ('pending', 'scheduled') AND claim_deadline > %(now)s
 """)
 
+# Each (id, attempts) pair as the handle's own validity test (_handle._VALID).
+ACK_MANY = sql.SQL("""
+    DELETE FROM {jobs} j
+    USING unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS c(id, attempts)
+    WHERE j.id = c.id AND j.attempts = c.attempts AND j.queue = %(queue)s
+      AND j.state NOT IN ('pending', 'scheduled') AND j.claim_deadline > %(now)s
+    RETURNING j.id, j.attempts
+""")
+
 CANCEL = sql.SQL("DELETE FROM {jobs} WHERE id = %(id)s AND queue = %(queue)s")
 
 # One statement, one snapshot: the job is in exactly one of the tables.
@@ -499,13 +510,32 @@ class PostgresQueue(Queue):
         ids = [i for i in job_ids if _INT64_MIN <= i <= _INT64_MAX]
         if not ids:
             return 0
+        params: dict[str, Any] = {"ids": ids, "queue": self._name}
+        count: int = self._delete_acked(ACK_BATCH, params, lambda cur: cur.rowcount)
+        return count
+
+    def _ack_many(self, handles: list[JobHandle]) -> list[bool]:
+        # One statement for the batch, each claim judged by its identity
+        # (docs/contract.md §3 "ack_many(handles)"). Ids come from claims,
+        # so they are in range.
+        params: dict[str, Any] = {
+            "ids": [h.id for h in handles],
+            "attempts": [h.attempts for h in handles],
+            "queue": self._name,
+        }
+        acked = self._delete_acked(ACK_MANY, params, lambda cur: {(i, a) for i, a in cur})
+        return [(h.id, h.attempts) in acked for h in handles]
+
+    def _delete_acked(
+        self, statement: sql.SQL, params: dict[str, Any], result: Callable[[Any], T]
+    ) -> T:
         store = self._pg_store
         for attempt in range(_DEADLOCK_ATTEMPTS):
             try:
                 with store._db.connection() as conn:
                     # Read once the connection is at hand (PostgresStore._now_on).
-                    params = {"ids": ids, "queue": self._name, "now": store._now_on(conn)}
-                    return conn.execute(store.sql(ACK_BATCH), params, prepare=True).rowcount
+                    params["now"] = store._now_on(conn)
+                    return result(conn.execute(store.sql(statement), params, prepare=True))
             except EngineError as error:
                 # Two batches waiting for each other's rows: PostgreSQL
                 # aborted this one, so nothing was acked; acking is

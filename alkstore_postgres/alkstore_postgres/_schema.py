@@ -318,7 +318,7 @@ _MIGRATIONS: tuple[tuple[sql.SQL, ...], ...] = (
         """),
     ),
     # Version 5: autovacuum settings for a queue's table (docs/decisions.md
-    # D28, docs/operations.md "Long transactions"). Every job is inserted,
+    # D29, docs/operations.md "Long transactions"). Every job is inserted,
     # updated at least once and deleted, so the jobs table holds few live
     # rows and many dead ones: by default autovacuum waits for 20% of the
     # table to be dead (50 rows plus the scale factor times the live rows),

@@ -52,8 +52,12 @@ __all__ = [
 
 #: Connections the pool keeps open when idle.
 DEFAULT_POOL_MIN_SIZE = 1
-#: The most connections the pool opens (operations running at once).
-DEFAULT_POOL_MAX_SIZE = 10
+#: The most connections the pool opens (operations running at once). The
+#: pool opens one only when an operation would otherwise wait, and closes
+#: those left unused for a minute, so a store holds about as many as its
+#: threads use at once: 64 threads on one store get a connection each
+#: instead of queueing for one of ten (bench_postgres.py's pool row).
+DEFAULT_POOL_MAX_SIZE = 64
 #: Seconds an operation waits for a pooled connection.
 DEFAULT_POOL_TIMEOUT_S = 30.0
 #: Seconds any one call to the server may wait for its answer. Under the
@@ -113,10 +117,16 @@ class PostgresStore(Store):
         The PostgreSQL schema holding alkstore's tables (default
         ``"alkstore"``): ``[a-z_][a-z0-9_]*``, at most 63 bytes.
     pool_min_size, pool_max_size
-        The connection pool's bounds (default 1 and 10 connections).
+        The connection pool's bounds (default 1 and 64 connections). The
+        pool grows only while operations wait for a connection and closes
+        connections unused for 60 s, so it holds about as many as the
+        store's threads use at once. The server must have slots for every
+        process's pool: docs/deployment.md "Connection budget".
     pool_timeout_s
         Seconds an operation waits for a pooled connection before it fails
-        with :class:`~alkstore.errors.EngineError` (default 30).
+        with a non-permanent :class:`~alkstore.errors.EngineError` (default
+        30) that says why: every connection was in use, or connecting
+        failed (the server down, or its ``max_connections`` exhausted).
     query_timeout_s
         Seconds any one call of the engine may wait for the server's answer
         (default 15): an operation's statements, a migration, a maintenance

@@ -1,4 +1,4 @@
-"""Vacuum and bloat (docs/decisions.md D28, docs/operations.md "Long
+"""Vacuum and bloat (docs/decisions.md D29, docs/operations.md "Long
 transactions"): the jobs table's autovacuum settings (schema version 5),
 whose migration keeps every row, and the report of what holds the xmin
 horizon (``PostgresStore.vacuum_report``), tested on a throwaway cluster

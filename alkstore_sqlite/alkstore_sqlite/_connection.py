@@ -250,7 +250,7 @@ class ConnectionPool:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        witness = self.guard.take_witness()
+        witness = self.guard.disarm()
         with file_lock(self._file_key):
             for conn in idle:
                 conn.close()

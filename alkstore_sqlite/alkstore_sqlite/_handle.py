@@ -81,6 +81,12 @@ class SqliteJobHandle(JobHandle):
         return self._write(_HEARTBEAT, params)
 
 
+def ack_each(conn: sqlite3.Connection, claims: list[dict[str, Any]]) -> list[bool]:
+    """Ack each claim (``id``, ``attempts``, ``now``) as its handle's ``ack``
+    would, inside the caller's transaction; whether each took effect."""
+    return [conn.execute(_ACK, claim).rowcount == 1 for claim in claims]
+
+
 def _bury(conn: sqlite3.Connection, params: dict[str, Any]) -> bool:
     if conn.execute(_BURY, params).rowcount != 1:
         return False

@@ -171,11 +171,18 @@ class FileGuard:
         with _armed.lock:
             _armed.guards.add(self)
 
-    def take_witness(self) -> sqlite3.Connection | None:
-        """Hand over the witness connection for closing."""
+    def disarm(self) -> sqlite3.Connection | None:
+        """Stop comparing, as the store closes; hand over the witness
+        connection for closing. Once the store's last connection closes,
+        SQLite removes the ``-wal`` and ``-shm`` files: that is no change
+        to report, including by :func:`settle` when this process opens the
+        path again while the closed store object is still alive."""
         with self._lock:
             witness, self._witness = self._witness, None
-            return witness
+            self.opened = None
+        with _armed.lock:
+            _armed.guards.discard(self)
+        return witness
 
     def after_fork_in_child(self) -> sqlite3.Connection | None:
         """Start over in a forked child; return the inherited witness

@@ -22,7 +22,7 @@ from alkstore.engine import (
 from alkstore.errors import ValidationError
 from alkstore_sqlite import _operations
 from alkstore_sqlite._connection import engine_error, fetchone, rowcount, run_in_transaction
-from alkstore_sqlite._handle import SqliteJobHandle
+from alkstore_sqlite._handle import SqliteJobHandle, ack_each
 from alkstore_sqlite._rows import (
     DEAD_COLUMNS,
     LIVE_COLUMNS,
@@ -398,6 +398,13 @@ class SqliteQueue(Queue):
             return 0
         now = to_us(self._store._now())
         return self._store._pool.run(rowcount, _ACK_BATCH, (json.dumps(ids), self._name, now))
+
+    def _ack_many(self, handles: list[JobHandle]) -> list[bool]:
+        # Each claim by the handle's own statement, one transaction, one
+        # clock read (docs/contract.md §3 "ack_many(handles)").
+        now = to_us(self._store._now())
+        claims = [{"id": h.id, "attempts": h.attempts, "now": now} for h in handles]
+        return self._store._pool.transaction(ack_each, claims)
 
     def _cancel(self, job_id: int) -> bool:
         if not _INT64_MIN <= job_id <= _INT64_MAX:

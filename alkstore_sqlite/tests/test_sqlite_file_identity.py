@@ -435,3 +435,25 @@ def test_nothing_changes_for_a_file_left_alone(db_path: Path, tmp_path: Path) ->
             for guarded in (store, linked):
                 guarded._pool.guard.check_now()
                 guarded.queue("churn").stats()
+
+
+def test_reopening_a_closed_store_s_file_is_no_change(
+    db_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A closed store's last connection lets SQLite remove the -wal and
+    -shm files; opening the path again in the same process, while the
+    closed store object is still alive, must not report them replaced
+    (it logged a false ERROR and saved a rescue copy)."""
+    first = alkstore.open(f"sqlite:///{db_path}")
+    first.queue("q").enqueue(1)
+    first.close()
+    assert not os.path.exists(f"{db_path}-wal")  # SQLite removed them on the last close
+    with caplog.at_level(logging.WARNING, logger="alkstore.sqlite"):
+        with alkstore.open(f"sqlite:///{db_path}") as second:
+            assert second.queue("q").stats().pending == 1
+            second._pool.guard.check_now()
+        with alkstore.open(f"sqlite:///{db_path}") as third:
+            assert third.queue("q").stats().pending == 1
+    assert caplog.records == []
+    assert first._pool.guard.failure is None
+    assert list(db_path.parent.glob("*-alkstore-rescue-*")) == []

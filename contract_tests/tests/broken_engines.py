@@ -133,6 +133,14 @@ class StaleQueue(SqliteQueue):
         return [StaleHandle(self, handle.job) for handle in super()._claim(worker_id, n)]
 
 
+class AckManyByIdQueue(SqliteQueue):
+    """``ack_many`` acks by job id, as ``ack_batch`` does: a stale handle's
+    ack deletes the job another claim now holds."""
+
+    def _ack_many(self, handles: list[JobHandle]) -> list[bool]:
+        return [self._ack_batch([handle.id]) == 1 for handle in handles]
+
+
 # -- (c) a claim that reads, then updates without a lock ----------------------
 
 _PEEK = f"""
@@ -487,6 +495,7 @@ class TwoStepMoveQueue(SqliteQueue):
 QUEUE_CLASSES: dict[str, type[SqliteQueue]] = {
     "broken-order": WrongOrderQueue,
     "broken-stale": StaleQueue,
+    "broken-ack-many": AckManyByIdQueue,
     "broken-claim": RacyClaimQueue,
     "broken-dead": LeakyDeadLetterQueue,
     "broken-requeue": RequeueResetsAttemptsQueue,
@@ -610,3 +619,7 @@ class LapsedUncountedHarness(_BrokenHarness):
 
 class TwoStepMoveHarness(_BrokenHarness):
     scheme = "broken-moves"
+
+
+class AckManyByIdHarness(_BrokenHarness):
+    scheme = "broken-ack-many"

@@ -111,6 +111,10 @@ STATS = (
     " or test_each_field"
 )
 MOVES = "moving_job_twice or ack_racing_a_move"
+ACK_MANY = (
+    "empty_is_empty or acks_each_valid_claim or stale_handle_acks or lapsed_claim_is_not_acked"
+    " or cancelled_or_dead_job_is_not_acked or iterable_of_handles or foreign_handle"
+)
 
 
 def test_wrong_claim_order_fails(run_suite: RunSuite) -> None:
@@ -150,6 +154,11 @@ def test_stale_handle_accepted_fails_the_model_comparison(
     monkeypatch.setenv("ALKSTORE_STATEFUL_EXAMPLES", "1500")
     result = run_suite("broken_engines", "StaleHandleHarness", "-k", MODEL)
     assert failed_tests(result) == {"test_engine_agrees_with_the_model"}
+
+
+def test_ack_many_by_id_fails(run_suite: RunSuite) -> None:
+    result = run_suite("broken_engines", "AckManyByIdHarness", "-k", ACK_MANY)
+    assert failed_tests(result) == {"test_a_stale_handle_acks_nothing_and_leaves_the_newer_claim"}
 
 
 def test_non_atomic_claim_fails(run_suite: RunSuite) -> None:

@@ -1,3 +1,5 @@
+# WARNING: generated from handle_async.py by tools/async_to_sync.py.
+# Do not edit: change handle_async.py, then run `python tools/async_to_sync.py`.
 """The :class:`JobHandle` ABC: one claim of one job (docs/contract.md §3 "Claim identity
 and handle validity")."""
 
@@ -5,9 +7,9 @@ from __future__ import annotations
 
 import abc
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any
 
-from alkstore.contract.job import Job, JobState
+from alkstore.contract.job import FAILED, MAX_ATTEMPTS_EXCEEDED, Job, JobState, _JobField
 from alkstore.logic import validation as v
 from alkstore.logic.backoff import backoff_delay_s
 
@@ -15,30 +17,6 @@ if TYPE_CHECKING:
     from alkstore.contract.queue import Queue
 
 __all__ = ["MAX_ATTEMPTS_EXCEEDED", "FAILED", "JobHandle"]
-
-#: ``last_error`` of a job that ran out of attempts.
-MAX_ATTEMPTS_EXCEEDED = "max attempts exceeded"
-#: ``last_error`` of ``fail()`` called without an error.
-FAILED = "failed"
-
-T = TypeVar("T")
-
-
-class _JobField(Generic[T]):
-    """Reads one field of the handle's claim-time :class:`Job` snapshot."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._field = name
-
-    @overload
-    def __get__(self, handle: None, owner: type) -> _JobField[T]: ...
-    @overload
-    def __get__(self, handle: JobHandle, owner: type) -> T: ...
-    def __get__(self, handle: JobHandle | None, owner: type) -> _JobField[T] | T:
-        if handle is None:
-            return self
-        value: T = getattr(handle.job, self._field)
-        return value
 
 
 class JobHandle(abc.ABC):

@@ -7,11 +7,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from functools import cached_property
-from typing import Any, Literal, NamedTuple
+from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar, overload
 
 from alkstore.logic.codec import decode_payload
 
-__all__ = ["JOB_FIELDS", "Job", "JobState", "QueueStats", "SweepResult", "job_from_values"]
+__all__ = [
+    "FAILED",
+    "JOB_FIELDS",
+    "MAX_ATTEMPTS_EXCEEDED",
+    "Job",
+    "JobState",
+    "QueueStats",
+    "SweepResult",
+    "job_from_values",
+]
 
 JobState = Literal["pending", "processing", "dead"]
 
@@ -90,3 +99,35 @@ class QueueStats(NamedTuple):
     scheduled: int
     processing: int
     dead: int
+
+
+#: ``last_error`` of a job that ran out of attempts.
+MAX_ATTEMPTS_EXCEEDED = "max attempts exceeded"
+#: ``last_error`` of ``fail()`` called without an error.
+FAILED = "failed"
+
+T = TypeVar("T")
+
+
+class _HasJob(Protocol):
+    """A job handle, sync or async: what :class:`_JobField` reads from."""
+
+    @property
+    def job(self) -> Job: ...
+
+
+class _JobField(Generic[T]):
+    """Reads one field of the handle's claim-time :class:`Job` snapshot."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._field = name
+
+    @overload
+    def __get__(self, handle: None, owner: type) -> _JobField[T]: ...
+    @overload
+    def __get__(self, handle: _HasJob, owner: type) -> T: ...
+    def __get__(self, handle: _HasJob | None, owner: type) -> _JobField[T] | T:
+        if handle is None:
+            return self
+        value: T = getattr(handle.job, self._field)
+        return value

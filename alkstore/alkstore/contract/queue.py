@@ -1,3 +1,5 @@
+# WARNING: generated from queue_async.py by tools/async_to_sync.py.
+# Do not edit: change queue_async.py, then run `python tools/async_to_sync.py`.
 """The :class:`Queue` ABC: the operations on one named queue (docs/contract.md §2, §3)."""
 
 from __future__ import annotations
@@ -281,6 +283,67 @@ class Queue(abc.ABC):
             return 0
         return self._ack_batch(ids)
 
+    def ack_many(self, handles: Iterable[JobHandle]) -> list[bool]:
+        """Ack several claims of this queue at once, each exactly as its own
+        :meth:`JobHandle.ack` would: a handle's claim is acked only if it is
+        still valid, held by that claim (docs/contract.md §3 "Claim identity
+        and handle validity", "ack_many(handles)"). A stale handle (its
+        claim lapsed and the job was claimed again) acks nothing, so it can
+        never delete another claim's job, as ``ack_batch`` would.
+
+        Parameters
+        ----------
+        handles
+            Iterable of :class:`JobHandle` of this queue (from this store).
+
+        Returns
+        -------
+        list[bool]
+            One per handle, in order: ``True`` if its ack took effect. A
+            handle listed twice is acked once (``True`` first, ``False``
+            after); a spent handle is ``False`` without I/O; ``[]`` returns
+            ``[]`` without I/O.
+
+        Raises
+        ------
+        StoreClosedError
+        ValidationError
+            If ``handles`` is not an iterable of this queue's handles;
+            nothing is acked.
+        EngineError
+        """
+        from alkstore.contract.handle import JobHandle
+
+        self._store._check_open()
+        if not v.is_collection(handles):
+            raise ValidationError(
+                f"handles must be an iterable of claim handles, not {type(handles).__name__}"
+            )
+        items = list(handles)
+        for item in items:
+            if not isinstance(item, JobHandle):
+                raise ValidationError(
+                    "handles must be claim handles (from claim_one or claim_batch),"
+                    f" not {type(item).__name__}"
+                )
+            if item._queue.store is not self._store or item.queue != self._name:
+                raise ValidationError(
+                    f"handle of job {item.id} is a claim of queue {item.queue!r}"
+                    + ("" if item._queue.store is self._store else " of another store")
+                    + f", not of {self._name!r}"
+                )
+        live: list[JobHandle] = []
+        for item in items:
+            if not item._spent and all(item is not seen for seen in live):
+                live.append(item)
+        acked = {id(h) for h, done in zip(live, self._ack_many(live), strict=True) if done}
+        results: list[bool] = []
+        for item in items:
+            took = id(item) in acked
+            acked.discard(id(item))  # a handle listed again is acked once
+            results.append(item._finish(took))
+        return results
+
     def cancel(self, job_id: int) -> bool:
         """Delete a pending or processing job of this queue unconditionally
         (a running handler is not interrupted).
@@ -485,6 +548,13 @@ class Queue(abc.ABC):
     @abc.abstractmethod
     def _ack_batch(self, job_ids: list[int]) -> int:
         """Delete valid claims among distinct ``job_ids``; return the count."""
+
+    def _ack_many(self, handles: list[JobHandle]) -> list[bool]:
+        """Ack each handle's claim if it is valid, as its ``_ack()`` would;
+        one result per handle, in order. The handles are distinct, not
+        spent, and of this queue. This default acks them one by one; engines
+        override it with one statement or one transaction."""
+        return [handle._ack() for handle in handles]
 
     @abc.abstractmethod
     def _cancel(self, job_id: int) -> bool:

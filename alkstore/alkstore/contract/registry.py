@@ -11,22 +11,36 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Generator
 from importlib.metadata import entry_points
+from types import TracebackType
 from typing import Any
 
 from alkstore.contract.store import Store
+from alkstore.contract.store_async import AsyncStore
 from alkstore.errors import UnknownEngineError, ValidationError
 from alkstore.logic.redact import redact_url
 
-__all__ = ["DEFAULT_URL", "ENTRY_POINT_GROUP", "EngineFactory", "open", "register"]
+__all__ = [
+    "DEFAULT_URL",
+    "ENTRY_POINT_GROUP",
+    "AsyncOpen",
+    "EngineFactory",
+    "open",
+    "open_async",
+    "register",
+]
 
 #: The store opened when neither the ``url`` argument nor ``ALKSTORE_URL`` is set.
 DEFAULT_URL = "sqlite:///alkstore.db"
 ENTRY_POINT_GROUP = "alkstore.engines"
 URL_ENV = "ALKSTORE_URL"
 
-#: An engine's entry: called as ``factory(url, **engine_options)``.
+#: An engine's entry: called as ``factory(url, **engine_options)``. A
+#: factory with native async primitives also has an ``open_async``
+#: attribute, an ``async def`` called the same way that returns an
+#: :class:`AsyncStore`; :func:`open_async` then uses it instead of the
+#: thread adapter (docs/async.md).
 EngineFactory = Callable[..., Store]
 
 # The first-party engines, for the install hint when one is missing (fsspec's
@@ -136,6 +150,19 @@ def open(url: str | None = None, **engine_options: Any) -> Store:
     SchemaVersionError
         The schema is newer than the code, or missing with ``migrate=False``.
     """
+    url, factory = _engine_for(url)
+    return factory(url, **engine_options)
+
+
+def _engine_for(url: object) -> tuple[str, EngineFactory]:
+    """Check ``url`` (``None``: the default) and find its engine's factory."""
+    url = _checked_url(url)
+    return url, _factory(url.partition("://")[0].lower())
+
+
+def _checked_url(url: object) -> str:
+    """``url`` checked (``None``: the default): a str with a scheme that a
+    driver can take."""
     if url is None:
         url = os.environ.get(URL_ENV) or DEFAULT_URL
     if not isinstance(url, str):
@@ -155,4 +182,78 @@ def open(url: str | None = None, **engine_options: Any) -> Store:
         raise ValidationError(
             f"url {redact_url(url)!r} has no scheme; expected e.g. {DEFAULT_URL!r}"
         )
-    return _factory(scheme.lower())(url, **engine_options)
+    return url
+
+
+def open_async(url: str | None = None, **engine_options: Any) -> AsyncOpen:
+    """Open an async store, choosing the engine by the URL's scheme exactly
+    as :func:`open` does (docs/async.md).
+
+    The URL is checked now; the engine is found and the store opened when
+    the result is awaited or entered, off the event loop (finding an engine
+    reads the installed distributions' metadata and imports its driver)::
+
+        store = await alkstore.open_async(url)        # then: await store.close()
+        async with alkstore.open_async(url) as store:  # closed on leaving
+            ...
+
+    An engine whose factory has an ``open_async`` attribute opens its own
+    native :class:`AsyncStore`. Any other engine's sync store is opened on a
+    thread and wrapped by
+    :class:`alkstore.contract.threaded.ThreadedAsyncStore`, whose
+    operations run on a pool of threads it owns, never on the event loop.
+
+    Parameters
+    ----------
+    url, **engine_options
+        As :func:`open`.
+
+    Returns
+    -------
+    AsyncOpen
+        Awaitable (once) to an open :class:`AsyncStore`, or an async
+        context manager that closes it on exit.
+
+    Raises
+    ------
+    ValidationError
+        At the call, as :func:`open` for a malformed URL.
+    UnknownEngineError, ValidationError, SchemaVersionError, EngineError
+        On await, as :func:`open` for the scheme, the engine options and
+        the opening.
+    """
+    return AsyncOpen(_open_async(_checked_url(url), engine_options))
+
+
+async def _open_async(url: str, engine_options: dict[str, Any]) -> AsyncStore:
+    from alkstore.contract.threaded import open_threaded
+
+    return await open_threaded(_engine_for, url, engine_options)
+
+
+class AsyncOpen:
+    """What :func:`open_async` returns: await it for the store, or use it
+    as ``async with`` (the store is closed on exit), as asyncpg's
+    ``create_pool``. Either, once."""
+
+    __slots__ = ("_opening", "_store")
+
+    def __init__(self, opening: Coroutine[Any, Any, AsyncStore]) -> None:
+        self._opening = opening
+        self._store: AsyncStore | None = None
+
+    def __await__(self) -> Generator[Any, None, AsyncStore]:
+        return self._opening.__await__()
+
+    async def __aenter__(self) -> AsyncStore:
+        self._store = await self._opening
+        return self._store
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._store is not None:
+            await self._store.close()

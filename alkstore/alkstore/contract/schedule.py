@@ -37,6 +37,7 @@ __all__ = [
     "Schedule",
     "UnreadableSchedule",
     "read_schedule",
+    "same_jobs",
     "schedule_from_values",
     "schedule_to_values",
 ]
@@ -326,3 +327,27 @@ def _options(text: object) -> dict[str, Any]:
     if unknown:
         raise _Refused(f"unknown schedule option(s) {', '.join(map(repr, unknown))} ({_NEWER})")
     return {**_OPTION_DEFAULTS, **options}
+
+
+def same_jobs(one: Schedule, other: Schedule) -> bool:
+    """Whether two schedules enqueue the same jobs on the same boundaries:
+    the same spec, zone, queue, policy and stamped options, the same
+    payload value (JSON key order aside), and the same effective priority,
+    attempts and expiry (``None`` meaning the queue options' value)."""
+
+    def effective(s: Schedule) -> tuple[object, ...]:
+        opts = s.queue_opts
+        return (
+            s.spec,
+            s.timezone,
+            s.queue,
+            s.catch_up,
+            opts,
+            s.content_type,
+            s.payload_bytes if s.content_type != JSON else json.dumps(s.payload, sort_keys=True),
+            opts.priority if s.priority is None else s.priority,
+            opts.max_attempts if s.max_attempts is None else s.max_attempts,
+            opts.expires_s if s.expires_s is None else s.expires_s,
+        )
+
+    return effective(one) == effective(other)

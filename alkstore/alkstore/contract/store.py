@@ -1,9 +1,10 @@
+# WARNING: generated from store_async.py by tools/async_to_sync.py.
+# Do not edit: change store_async.py, then run `python tools/async_to_sync.py`.
 """The :class:`Store` ABC: one database, its queues and subscriptions."""
 
 from __future__ import annotations
 
 import abc
-import json
 import logging
 import random
 import threading
@@ -13,13 +14,13 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from alkstore.contract.schedule import CATCH_UP_POLICIES, Schedule, UnreadableSchedule
+from alkstore.contract.schedule import CATCH_UP_POLICIES, Schedule, UnreadableSchedule, same_jobs
 from alkstore.errors import StoreClosedError, ValidationError
 from alkstore.logic import validation as v
 from alkstore.logic.backoff import Rng
 from alkstore.logic.callbacks import check_runs_when_called
 from alkstore.logic.clock import Clock, check_clock, read_clock
-from alkstore.logic.codec import JSON, EncodedPayload, encode_payload
+from alkstore.logic.codec import EncodedPayload, encode_payload
 from alkstore.logic.options import QueueOpts
 from alkstore.logic.resolution import Resolved
 from alkstore.logic.resolution import enqueue_options as check_enqueue_options
@@ -263,7 +264,7 @@ class Store(abc.ABC):
             if (
                 isinstance(existing, Schedule)
                 and existing.name == name
-                and _same_jobs(existing, schedule)
+                and same_jobs(existing, schedule)
             ):
                 return existing  # the same definition: keep its boundaries
         return self._put_schedule(schedule)
@@ -450,27 +451,3 @@ def check_store(store: object, what: str) -> Store:
     if not isinstance(store, Store):
         raise ValidationError(f"a {what} needs a Store, not {type(store).__name__}")
     return store
-
-
-def _same_jobs(one: Schedule, other: Schedule) -> bool:
-    """Whether two schedules enqueue the same jobs on the same boundaries:
-    the same spec, zone, queue, policy and stamped options, the same
-    payload value (JSON key order aside), and the same effective priority,
-    attempts and expiry (``None`` meaning the queue options' value)."""
-
-    def effective(s: Schedule) -> tuple[object, ...]:
-        opts = s.queue_opts
-        return (
-            s.spec,
-            s.timezone,
-            s.queue,
-            s.catch_up,
-            opts,
-            s.content_type,
-            s.payload_bytes if s.content_type != JSON else json.dumps(s.payload, sort_keys=True),
-            opts.priority if s.priority is None else s.priority,
-            opts.max_attempts if s.max_attempts is None else s.max_attempts,
-            opts.expires_s if s.expires_s is None else s.expires_s,
-        )
-
-    return effective(one) == effective(other)

@@ -1,3 +1,5 @@
+# WARNING: generated from subscription_async.py by tools/async_to_sync.py.
+# Do not edit: change subscription_async.py, then run `python tools/async_to_sync.py`.
 """The :class:`Subscription` ABC: wakes for one queue (docs/contract.md §3 "Wake")."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Handler threads hand each finished job to :meth:`Completer.add` and go on to
 the next job; one background thread collects them and calls ``flush`` with up
 to ``max_batch`` of them at a time, as soon as that many are waiting or
 ``max_delay_s`` after the first of them arrived, whichever comes first. The
-worker's ``flush`` acks them with one ``Queue.ack_batch`` per queue. This is
+worker's ``flush`` acks them with one ``Queue.ack_many`` per queue. This is
 River's batching completer: a job's completion costs a share of one store
 round trip instead of one of its own, and concurrent handlers no longer
 queue behind each other for the database's write lock to ack one job each.

@@ -8,7 +8,7 @@ heartbeat set) and on the monotonic clock (the instant before that call plus
 the visibility timeout, an estimate that is never late). :class:`Lease` is
 that record; the :class:`~alkstore.runtime.heartbeat.Heartbeater` renews it.
 
-Writes on a held job (ack, retry, fail, and the batched ``ack_batch``) that
+Writes on a held job (ack, retry, fail, and the batched ``ack_many``) that
 fail on an error that may pass (:class:`~alkstore.errors.EngineError` with
 ``permanent`` false: a held lock, a lost connection) are tried again by
 :func:`write_while_held` until they land or the claim would have lapsed,
@@ -141,7 +141,7 @@ def write_while_held(
     Parameters
     ----------
     write
-        The write on the held jobs (``handle.ack``, ``queue.ack_batch`` ...).
+        The write on the held jobs (``handle.ack``, ``queue.ack_many`` ...).
     leases
         The leases of the jobs it writes.
     what

@@ -106,7 +106,7 @@ class Outbox:
         """Claim up to ``batch_size`` messages and ``send`` each in claim order.
 
         The messages ``send`` returned for are acked with one
-        :meth:`Queue.ack_batch`; each one it raised for is retried with the
+        :meth:`Queue.ack_many`; each one it raised for is retried with the
         exception's text as ``last_error`` and the queue's backoff (dead at
         its attempt budget, with ``last_error`` ``"max attempts exceeded;
         last error: <text>"``, :func:`~alkstore.runtime.outcome.retry_or_bury`).
@@ -218,13 +218,13 @@ class Outbox:
             return
         for lease in leases:
             lease.done = True
-        ids = [lease.handle.id for lease in leases]
+        handles = [lease.handle for lease in leases]
         acked = write_while_held(
-            lambda: self._queue.ack_batch(ids),
+            lambda: self._queue.ack_many(handles),
             leases,
-            f"acking {len(ids)} delivered message(s) of outbox {self._queue.name!r}",
+            f"acking {len(handles)} delivered message(s) of outbox {self._queue.name!r}",
         )
-        if acked < len(ids):
+        if not all(acked):
             log.warning(
                 "outbox %r: some delivered messages could not be acked (claims lapsed); "
                 "they will be sent again",

@@ -12,7 +12,7 @@ One run is four kinds of threads:
   the loop waits on (a subscription waits on one queue; the loop on all);
 - ``concurrency`` daemon threads run the handlers and record each retry or
   failure; a job whose handler returned is handed to the completer;
-- one completer thread acks finished jobs in batches, one ``ack_batch`` per
+- one completer thread acks finished jobs in batches, one ``ack_many`` per
   queue per flush, and logs and counts their outcomes
   (:mod:`alkstore.runtime.completer`, decision W14);
 - one heartbeat thread keeps the claims of running jobs, and of finished jobs
@@ -78,7 +78,7 @@ DEFAULT_GRACE_PERIOD_S = 30.0
 _LISTEN_SLICE_S = 0.5
 #: Seconds to wait before retrying after the database failed in the loop.
 _ERROR_PAUSE_S = 1.0
-#: The completer acks at most this many jobs in one ``ack_batch`` ...
+#: The completer acks at most this many jobs in one ``ack_many`` ...
 _ACK_BATCH = 100
 #: ... and flushes at the latest this long after the first of them finished.
 _ACK_DELAY_S = 0.005
@@ -181,7 +181,7 @@ class Worker:
 
     - the handler returns: acked by the completer thread, in a batch with
       the other jobs that finished within a few milliseconds (one
-      ``Queue.ack_batch`` per queue; the job stays claimed and heartbeaten
+      ``Queue.ack_many`` per queue; the job stays claimed and heartbeaten
       until then);
     - it raises :class:`Fail`: ``fail(message)``, dead at once;
     - it raises :class:`Retry`: ``retry(message, delay)``;
@@ -887,7 +887,7 @@ class Worker:
         return handle.fail(error)
 
     def _flush_acks(self, batch: list[_Finished]) -> None:
-        """The completer's flush: one ``ack_batch`` per queue, then each job's
+        """The completer's flush: one ``ack_many`` per queue, then each job's
         outcome logged and counted."""
         by_queue: dict[str, list[_Finished]] = {}
         for item in batch:
@@ -900,34 +900,33 @@ class Worker:
                     self._heartbeater.remove(item.lease)
 
     def _ack_queue_batch(self, name: str, items: list[_Finished]) -> None:
-        items = self._drop_superseded(name, items)
-        ids = [item.handle.id for item in items]
+        handles = [item.handle for item in items]
         leases = [item.lease for item in items]
         for lease in leases:
             # A beat refused from now on is the ack's doing, not a lost claim.
             lease.done = True
         attempts = 0
 
-        def ack(queue: Queue) -> int:
+        def ack(queue: Queue) -> list[bool]:
             nonlocal attempts
             attempts += 1
-            return queue.ack_batch(ids)
+            return queue.ack_many(handles)
 
         writing = time.monotonic()
-        acked: int | None
+        acked: list[bool] | None
         try:
             queue = self._queues_by_name.get(name) or self._app.queue(name)
             acked = write_while_held(
                 lambda: ack(queue),
                 leases,
-                f"acking {len(ids)} finished job(s) of {name!r}",
+                f"acking {len(handles)} finished job(s) of {name!r}",
                 stop=self._abort,
             )
         except StoreClosedError:
             log.warning(
                 "the store closed before %d finished job(s) of %r were acked; "
                 "their claims are left to lapse",
-                len(ids),
+                len(handles),
                 name,
             )
             queue, acked = None, None
@@ -936,23 +935,22 @@ class Worker:
                 self._give_up(exc)
             log.exception(
                 "acking %d finished job(s) of %r failed; their claims are left to lapse",
-                len(ids),
+                len(handles),
                 name,
             )
             queue, acked = None, None
         log.debug(
-            "acked %d of %d finished job(s) of %r in one ack_batch",
-            acked or 0,
-            len(ids),
+            "acked %d of %d finished job(s) of %r in one ack_many",
+            sum(acked or ()),
+            len(handles),
             name,
-            extra={"queue": name, "acked": acked or 0, "batch": len(ids)},
+            extra={"queue": name, "acked": sum(acked or ()), "batch": len(handles)},
         )
         outcomes = self._ack_outcomes(queue, items, acked, writing, uncertain=attempts > 1)
-        cancelled = outcomes.count("cancelled")
-        with self._cond:  # exact, whichever jobs the count covers
-            self._counts["succeeded"] += acked or 0
-            self._counts["cancelled"] += cancelled
-            self._counts["lost"] += max(0, len(ids) - (acked or 0) - cancelled)
+        with self._cond:
+            for outcome in outcomes:
+                key = outcome if outcome in ("succeeded", "cancelled") else "lost"
+                self._counts[key] += 1
         for item, outcome in zip(items, outcomes, strict=True):
             try:
                 self._record(
@@ -967,86 +965,47 @@ class Worker:
             except Exception:
                 log.exception("logging the outcome of job %s of %r failed", item.handle.id, name)
 
-    def _drop_superseded(self, name: str, items: list[_Finished]) -> list[_Finished]:
-        """Keep one item per job: its newest claim. When this worker
-        reclaimed a job whose first claim lapsed while its handler ran, both
-        runs can finish into one batch; ``ack_batch`` counts an id once, so
-        the older run, whose claim was no longer valid, is ``lost`` at once
-        and the newer one's ack is judged alone."""
-        newest: dict[int, _Finished] = {}
-        for item in items:
-            kept = newest.get(item.handle.id)
-            if kept is None or item.handle.attempts > kept.handle.attempts:
-                newest[item.handle.id] = item
-        if len(newest) == len(items):
-            return items
-        stale = [item for item in items if newest[item.handle.id] is not item]
-        with self._cond:
-            self._counts["lost"] += len(stale)
-        for item in stale:
-            try:
-                self._record(
-                    handle=item.handle,
-                    task_name=item.task_name,
-                    outcome="lost",
-                    action="ack",
-                    error=None,
-                    duration_s=item.duration_s,
-                    exc_info=None,
-                )
-            except Exception:
-                log.exception("logging the outcome of job %s of %r failed", item.handle.id, name)
-        return [item for item in items if newest[item.handle.id] is item]
-
     @staticmethod
     def _ack_outcomes(
         queue: Queue | None,
         items: list[_Finished],
-        acked: int | None,
+        acked: list[bool] | None,
         writing: float,
         *,
         uncertain: bool,
     ) -> list[str]:
-        """Which of a batch's jobs the ``ack_batch`` acked, as each one's
-        logged outcome: ``ack_batch`` only says how many (docs/contract.md §3).
+        """Each job's logged outcome after the batch's ``ack_many``
+        (docs/contract.md §3 "ack_many(handles)"), which says per claim
+        whether its ack took effect.
 
         ``writing`` is the monotonic instant the ack began; ``uncertain``
         says that an earlier try of it failed, so it may have taken effect
         unseen."""
         if acked is None or queue is None:
             return ["lost"] * len(items)
-        if acked == len(items):
-            return ["succeeded"] * len(items)
-        # Some were not acked. A job still in the store was not (its claim
-        # lapsed, or it was swept); one cancelled while it ran is known from
-        # its refused heartbeat. One that is otherwise gone was acked by
-        # this batch unless it was removed before it (cancelled, or
-        # reclaimed, run and acked elsewhere): the count tells which, unless
-        # both kinds are gone.
         outcomes: list[str] = []
-        gone: list[int] = []
-        for index, item in enumerate(items):
-            if item.lease.cancelled:
+        for item, took in zip(items, acked, strict=True):
+            if took:
+                outcomes.append("succeeded")
+            elif item.lease.cancelled:  # known from its refused heartbeat
                 outcomes.append("cancelled")
-                continue
-            try:
-                present = queue.get_job(item.handle.id) is not None
-            except Exception:
-                present = False  # unknown: counted with the gone ones
-            outcomes.append("lost" if present else "")
-            if not present:
-                gone.append(index)
-        if acked == len(gone):
-            for index in gone:
-                outcomes[index] = "succeeded"
-        elif acked == 0 and not uncertain:
-            # Gone before this batch: cancelled if its claim still held.
-            for index in gone:
-                held = items[index].lease.held_at(writing)
-                outcomes[index] = "cancelled" if held else "lost"
-        else:
-            for index in gone:
-                outcomes[index] = "unknown"
+            else:
+                # Not acked: a job still in the store lost its claim (it
+                # lapsed, and runs again or ran again). One gone was taken by
+                # an earlier, failed-looking try of this ack, or removed while
+                # the claim held (cancelled), or reclaimed, run and acked
+                # elsewhere after the claim lapsed.
+                try:
+                    present = queue.get_job(item.handle.id) is not None
+                except Exception:
+                    outcomes.append("unknown")
+                    continue
+                if present:
+                    outcomes.append("lost")
+                elif uncertain:
+                    outcomes.append("unknown")
+                else:
+                    outcomes.append("cancelled" if item.lease.held_at(writing) else "lost")
         return outcomes
 
     def _record(

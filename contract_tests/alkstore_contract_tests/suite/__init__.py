@@ -34,6 +34,7 @@ from alkstore_contract_tests.suite.outbox import OutboxTests
 from alkstore_contract_tests.suite.payload import ErrorTextTests, PayloadTests
 from alkstore_contract_tests.suite.queue_ops import (
     AckBatchTests,
+    AckManyTests,
     CancelTests,
     GetJobTests,
     IsolationTests,
@@ -54,6 +55,7 @@ from alkstore_contract_tests.suite.worker import WorkerTests
 __all__ = [
     "TOPICS",
     "AckBatchTests",
+    "AckManyTests",
     "AtomicMoveTests",
     "CancelTests",
     "ClaimTests",
@@ -108,6 +110,7 @@ class ContractSuite(
     HeartbeatTests,
     DeadLetterTests,
     AckBatchTests,
+    AckManyTests,
     CancelTests,
     GetJobTests,
     SweepTests,

@@ -56,6 +56,9 @@ class ClosedStoreTests(ContractFixtures):
             "ack_batch": lambda: queue.ack_batch([handle.id]),
             "ack_batch-empty": lambda: queue.ack_batch([]),
             "ack_batch-bad": lambda: queue.ack_batch("x"),  # type: ignore[arg-type]
+            "ack_many": lambda: queue.ack_many([handle]),
+            "ack_many-empty": lambda: queue.ack_many([]),
+            "ack_many-bad": lambda: queue.ack_many("x"),  # type: ignore[arg-type]
             "cancel": lambda: queue.cancel(handle.id),
             "cancel-bad": lambda: queue.cancel("x"),  # type: ignore[arg-type]
             "get_job": lambda: queue.get_job(handle.id),

@@ -1,4 +1,4 @@
-"""Queue operations other than enqueue and claim: ``ack_batch``, ``cancel``,
+"""Queue operations other than enqueue and claim: ``ack_batch``, ``ack_many``, ``cancel``,
 ``get_job``, ``sweep_expired``, ``stats`` and ``lapsed_claims``, and queue
 isolation (docs/contract.md §3)."""
 
@@ -9,12 +9,21 @@ from typing import NamedTuple
 
 import pytest
 
-from alkstore import Queue, QueueOpts, QueueStats, Store, StoreClosedError, SweepResult
+from alkstore import (
+    Queue,
+    QueueOpts,
+    QueueStats,
+    Store,
+    StoreClosedError,
+    SweepResult,
+    ValidationError,
+)
 from alkstore_contract_tests._clock import ManualClock
 from alkstore_contract_tests._fixtures import ContractFixtures, at, claim_exactly, job
 
 __all__ = [
     "AckBatchTests",
+    "AckManyTests",
     "CancelTests",
     "GetJobTests",
     "IsolationTests",
@@ -94,6 +103,83 @@ class AckBatchTests(ContractFixtures):
         clock.set(at(30))
         assert queue.ack_batch([second]) == 0
         assert job(queue, second).state == "processing"
+
+
+class AckManyTests(ContractFixtures):
+    """docs/contract.md §3 "ack_many(handles)": each claim acked exactly as
+    its own handle's ``ack`` would, by claim identity."""
+
+    def test_empty_is_empty(self, queue: Queue) -> None:
+        assert queue.ack_many([]) == []
+        assert queue.ack_many(()) == []
+
+    def test_acks_each_valid_claim_once_in_order(self, store: Store, clock: ManualClock) -> None:
+        q = store.queue("jobs")
+        a, b, c = q.enqueue_many(["a", "b", "c"])
+        ha, hb, hc = (claim_exactly(q, job_id, f"w{job_id}") for job_id in (a, b, c))
+        clock.advance(1)
+        assert q.ack_many([hb, ha]) == [True, True]
+        assert q.get_job(a) is None
+        assert q.get_job(b) is None
+        assert job(q, c).state == "processing"
+        # Listed twice: acked once. Spent handles: False, as their ack().
+        assert q.ack_many([hc, hc, ha]) == [True, False, False]
+        assert q.get_job(c) is None
+        assert hc.ack() is False
+        assert q.stats() == (0, 0, 0, 0)
+
+    def test_a_stale_handle_acks_nothing_and_leaves_the_newer_claim(
+        self, store: Store, clock: ManualClock
+    ) -> None:
+        q = store.queue("jobs", QueueOpts(visibility_timeout_s=5))
+        job_id = q.enqueue("x")
+        old = claim_exactly(q, job_id, "w1")
+        clock.advance(6)  # the first claim lapses; the job is claimed again
+        new = claim_exactly(q, job_id, "w2")
+        assert (old.attempts, new.attempts) == (1, 2)
+        assert q.ack_many([old]) == [False]
+        assert (job(q, job_id).state, job(q, job_id).attempts) == ("processing", 2)
+        assert q.ack_many([old, new]) == [False, True]
+        assert q.get_job(job_id) is None
+
+    def test_a_lapsed_claim_is_not_acked(self, store: Store, clock: ManualClock) -> None:
+        q = store.queue("jobs", QueueOpts(visibility_timeout_s=5))
+        lapsing, holding = q.enqueue_many(["lapsing", "holding"])
+        h1 = claim_exactly(q, lapsing)
+        clock.advance(3)
+        h2 = claim_exactly(q, holding)
+        clock.advance(2)  # h1's deadline (T0+5) is now; h2's is T0+8
+        assert q.ack_many([h1, h2]) == [False, True]
+        assert job(q, lapsing).attempts == 1
+        assert q.get_job(holding) is None
+
+    def test_a_cancelled_or_dead_job_is_not_acked(self, store: Store) -> None:
+        q = store.queue("jobs")
+        gone, dead, kept = q.enqueue_many(["gone", "dead", "kept"])
+        h_gone = claim_exactly(q, gone)
+        h_dead = claim_exactly(q, dead)
+        h_kept = claim_exactly(q, kept)
+        assert q.cancel(gone)
+        assert h_dead.fail("no")
+        assert q.ack_many([h_gone, h_dead, h_kept]) == [False, False, True]
+        assert q.stats() == (0, 0, 0, 1)
+
+    @pytest.mark.parametrize("bad", [None, 7, "abc", b"abc", {"a": 1}])
+    def test_not_an_iterable_of_handles_is_refused(self, queue: Queue, bad: object) -> None:
+        with pytest.raises(ValidationError, match="handles must be"):
+            queue.ack_many(bad)  # type: ignore[arg-type]
+
+    def test_a_foreign_handle_is_refused_and_nothing_is_acked(self, store: Store) -> None:
+        q = store.queue("jobs")
+        other = store.queue("other")
+        mine = claim_exactly(q, q.enqueue("mine"))
+        theirs = claim_exactly(other, other.enqueue("theirs"))
+        for bad in ([mine, theirs], [mine, mine.id]):
+            with pytest.raises(ValidationError):
+                q.ack_many(bad)  # type: ignore[arg-type]
+        assert job(q, mine.id).state == "processing"
+        assert job(other, theirs.id).state == "processing"
+        assert q.ack_many([mine]) == [True]
 
 
 class CancelTests(ContractFixtures):

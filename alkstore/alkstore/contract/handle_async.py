@@ -1,0 +1,188 @@
+"""The :class:`JobHandle` ABC: one claim of one job (docs/contract.md §3 "Claim identity
+and handle validity")."""
+
+from __future__ import annotations
+
+import abc
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from alkstore.contract.job import FAILED, MAX_ATTEMPTS_EXCEEDED, Job, JobState, _JobField
+from alkstore.logic import validation as v
+from alkstore.logic.backoff import backoff_delay_s
+
+if TYPE_CHECKING:
+    from alkstore.contract.queue_async import AsyncQueue
+
+__all__ = ["MAX_ATTEMPTS_EXCEEDED", "FAILED", "AsyncJobHandle"]
+
+
+class AsyncJobHandle(abc.ABC):
+    """One claim of one job, returned by :meth:`AsyncQueue.claim_one` and
+    :meth:`AsyncQueue.claim_batch`; usable from any thread.
+
+    An operation takes effect only while the job is processing, its claim has
+    not lapsed (``now < claim_deadline``) and the claim is still this
+    handle's (identified by the job id and its post-claim attempt count).
+    A valid call on an invalid handle returns ``False`` and changes nothing;
+    after ``ack``, ``retry`` or ``fail`` took effect the handle is spent and
+    every further operation returns ``False``. Every operation raises
+    :class:`~alkstore.errors.StoreClosedError` once the store is closed,
+    then :class:`~alkstore.errors.ValidationError` for bad arguments, whatever
+    the handle's state.
+
+    Every :class:`Job` field is readable on the handle too (``handle.id``,
+    ``handle.payload`` ...), from the claim-time snapshot.
+
+    Engine authors implement :meth:`_ack`, :meth:`_retry`,
+    :meth:`_dead_letter` and :meth:`_heartbeat`.
+    """
+
+    id = _JobField[int]()
+    queue = _JobField[str]()
+    state = _JobField[JobState]()
+    payload = _JobField[Any]()
+    payload_bytes = _JobField[bytes]()
+    content_type = _JobField[str]()
+    priority = _JobField[int]()
+    run_at = _JobField[datetime]()
+    expires_at = _JobField["datetime | None"]()
+    enqueued_at = _JobField[datetime]()
+    attempts = _JobField[int]()
+    max_attempts = _JobField[int]()
+    visibility_timeout_s = _JobField[float]()
+    backoff_base_s = _JobField[int]()
+    backoff_cap_s = _JobField[int]()
+    worker_id = _JobField[str]()
+    claim_deadline = _JobField[datetime]()
+    last_error = _JobField["str | None"]()
+    died_at = _JobField["datetime | None"]()
+
+    def __init__(self, queue: AsyncQueue, job: Job) -> None:
+        self._queue = queue
+        self._job = job
+        self._spent = False
+
+    @property
+    def job(self) -> Job:
+        """The claim-time snapshot (not refreshed by later operations)."""
+        return self._job
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} job {self._job.id} of {self._job.queue!r}, "
+            f"attempt {self._job.attempts}>"
+        )
+
+    def _finish(self, took_effect: bool) -> bool:
+        if took_effect:
+            self._spent = True
+        return took_effect
+
+    async def ack(self) -> bool:
+        """Delete the job: it is done.
+
+        Returns
+        -------
+        bool
+            ``True`` if it took effect (see the class docstring).
+        """
+        self._queue.store._check_open()
+        if self._spent:
+            return False
+        return self._finish(await self._ack())
+
+    async def retry(self, error: str, delay: object = None) -> bool:
+        """Put the job back to run again, or dead-letter it at its budget.
+
+        Below the budget (``attempts < max_attempts``) the job returns to
+        pending at ``now + delay`` (default: the backoff of docs/contract.md §3
+        "Backoff" from the row's stamps), with ``last_error = error`` and
+        ``attempts`` unchanged. At the budget it moves to the dead table with
+        ``last_error = "max attempts exceeded"``.
+
+        Parameters
+        ----------
+        error
+            The error text (docs/contract.md §3 "Error text").
+        delay
+            Seconds or ``timedelta``, ``>= 0``.
+
+        Returns
+        -------
+        bool
+            ``True`` if it took effect.
+        """
+        self._queue.store._check_open()
+        text = v.error_text(error)
+        delay_s = None if delay is None else v.duration_s(delay, "delay")
+        if self._spent:
+            return False
+        job = self._job
+        if job.attempts >= job.max_attempts:
+            return self._finish(await self._dead_letter(MAX_ATTEMPTS_EXCEEDED))
+        if delay_s is None:
+            delay_s = backoff_delay_s(
+                job.attempts, job.backoff_base_s, job.backoff_cap_s, self._queue.store.rng
+            )
+        return self._finish(await self._retry(text, delay_s))
+
+    async def fail(self, error: str | None = None) -> bool:
+        """Move the job to the dead table with ``last_error = error`` (or
+        ``"failed"`` when ``None``).
+
+        Returns
+        -------
+        bool
+            ``True`` if it took effect.
+        """
+        self._queue.store._check_open()
+        text = FAILED if error is None else v.error_text(error)
+        if self._spent:
+            return False
+        return self._finish(await self._dead_letter(text))
+
+    async def heartbeat(self, extend: object = None) -> bool:
+        """Extend the claim: ``claim_deadline = now + extend`` (absolute, not
+        added to the old deadline). Repeatable; refused once the claim has
+        lapsed. The :attr:`job` snapshot is not refreshed.
+
+        Parameters
+        ----------
+        extend
+            Seconds or ``timedelta``, ``> 0``; default the row's
+            ``visibility_timeout_s``.
+
+        Returns
+        -------
+        bool
+            ``True`` if it took effect.
+        """
+        self._queue.store._check_open()
+        extend_s = (
+            self._job.visibility_timeout_s
+            if extend is None
+            else v.duration_s(extend, "extend", positive=True)
+        )
+        if self._spent:
+            return False
+        return await self._heartbeat(extend_s)
+
+    # -- engine primitives: each applies the validity predicate atomically --
+
+    @abc.abstractmethod
+    async def _ack(self) -> bool:
+        """Delete the row if this claim is valid."""
+
+    @abc.abstractmethod
+    async def _retry(self, error: str, delay_s: float) -> bool:
+        """If valid: pending, ``run_at = now + delay_s``, ``last_error``,
+        ``worker_id``/``claim_deadline`` cleared, attempts unchanged."""
+
+    @abc.abstractmethod
+    async def _dead_letter(self, error: str) -> bool:
+        """If valid: move the row to the dead table in one atomic step."""
+
+    @abc.abstractmethod
+    async def _heartbeat(self, extend_s: float) -> bool:
+        """If valid: ``claim_deadline = now + extend_s``."""
