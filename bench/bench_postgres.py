@@ -49,6 +49,7 @@ from urllib.parse import urlsplit, urlunsplit
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psycopg
+from _horizon import horizon_rows
 from _pool import pool_wait_row
 from _report import Row, Table, percentile
 from _restart import restart_recovery_row
@@ -1043,6 +1044,11 @@ def run(bench: Bench, table: Table) -> None:
             "?" if alk_ratio is None else ("ok" if alk_ratio <= 1.2 else "MISS"),
         )
     )
+
+    # -- claim cost with the xmin horizon pinned: on a throwaway cluster of
+    # its own (bench/_horizon.py), never on this server ------------------------
+    for row in horizon_rows(quick=s is QUICK, notes=bench.notes):
+        table.add(row)
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ from alkstore.contract.store import Store
 from alkstore.contract.store_async import AsyncStore
 from alkstore.contract.subscription import Subscription
 from alkstore.contract.subscription_async import AsyncSubscription
+from alkstore.contract.vacuum import HorizonHolder, TableVacuum, VacuumReport, VacuumReporting
 from alkstore.errors import (
     AlkstoreError,
     EngineError,
@@ -56,6 +57,7 @@ __all__ = [
     "Clock",
     "EngineError",
     "Fail",
+    "HorizonHolder",
     "Job",
     "JobHandle",
     "JobState",
@@ -72,10 +74,13 @@ __all__ = [
     "StoreClosedError",
     "Subscription",
     "SweepResult",
+    "TableVacuum",
     "Sweeper",
     "Task",
     "UnknownEngineError",
     "UnreadableSchedule",
+    "VacuumReport",
+    "VacuumReporting",
     "ValidationError",
     "Worker",
     "WorkerCounts",

@@ -86,6 +86,16 @@ def test_pause_and_resume_print_the_change_and_gate_the_worker(project: Path, ur
         assert tuple(store.queue("mail").stats()) == (0, 0, 0, 0)
 
 
+def test_bloat_on_sqlite_has_nothing_to_report(project: Path, url: str) -> None:
+    # SQLite rewrites rows in place: no dead row versions, no horizon (the
+    # PostgreSQL report is tested in alkstore_postgres/tests/test_postgres_vacuum.py).
+    ok(run(project, url, "migrate"))
+    with read(url) as store:
+        assert not isinstance(store, alkstore.VacuumReporting)
+    out = ok(run(project, url, "bloat"))
+    assert out == "SqliteStore keeps no dead row versions: nothing to report\n"
+
+
 def test_pause_refuses_a_bad_queue_name(project: Path, url: str) -> None:
     line = one_line_error(run(project, url, "pause", "bad name"))
     assert line == (

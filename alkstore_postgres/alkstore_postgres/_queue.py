@@ -11,6 +11,7 @@ of its own.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -494,10 +495,14 @@ class PostgresQueue(Queue):
         # A larger n is sent unprepared: planned at its call, knowing its LIMIT.
         prepare = n <= _LITERAL_N_MAX
         query = _claim_query(store.schema, n)
+        begun = time.monotonic()
         with store._db.connection() as conn, psycopg.RawCursor(conn) as cur:
             # Read once the connection is at hand (PostgresStore._now_on).
             params = (self._name, store._now_on(conn), worker_id)
             rows = cur.execute(query, params, prepare=prepare, binary=True).fetchall()
+        # A slow claim may be walking dead rows that vacuum cannot remove (a
+        # long transaction elsewhere): compaction takes them out (_compact).
+        store._compactor.after_claim(time.monotonic() - begun, n)
         jobs = sorted(map(job_from_row, rows), key=_claim_order)
         return [PostgresJobHandle(self, job) for job in jobs]
 

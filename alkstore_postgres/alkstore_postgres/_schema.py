@@ -107,7 +107,7 @@ __all__ = [
 #: The schema used when the ``schema=`` option is not given.
 DEFAULT_SCHEMA = "alkstore"
 #: The newest schema version this code knows.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _VERSION_KEY = "schema_version"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]*")
@@ -315,6 +315,28 @@ _MIGRATIONS: tuple[tuple[sql.SQL, ...], ...] = (
         sql.SQL("""
         CREATE INDEX jobs_expiry ON {jobs} (queue, state, expires_at)
             WHERE expires_at IS NOT NULL
+        """),
+    ),
+    # Version 5: autovacuum settings for a queue's table (docs/decisions.md
+    # D29, docs/operations.md "Long transactions"). Every job is inserted,
+    # updated at least once and deleted, so the jobs table holds few live
+    # rows and many dead ones: by default autovacuum waits for 20% of the
+    # table to be dead (50 rows plus the scale factor times the live rows),
+    # which on a table that is nearly empty between bursts and large during
+    # them is either constantly or far too late. A fixed threshold, no
+    # scale, and no cost delay: the table is small when it is clean, so an
+    # unthrottled vacuum of it is short. No row is touched. None of this
+    # helps while a transaction elsewhere holds the xmin horizon: vacuum
+    # then cannot remove what that transaction might still see.
+    (
+        sql.SQL("""
+        ALTER TABLE {jobs} SET (
+            autovacuum_vacuum_scale_factor = 0,
+            autovacuum_vacuum_threshold = 1000,
+            autovacuum_vacuum_insert_scale_factor = 0,
+            autovacuum_vacuum_insert_threshold = 1000,
+            autovacuum_vacuum_cost_delay = 0
+        )
         """),
     ),
 )

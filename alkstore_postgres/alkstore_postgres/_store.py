@@ -9,7 +9,7 @@ from typing import Any
 
 from psycopg import sql
 
-from alkstore import QueueOpts, Store
+from alkstore import QueueOpts, Store, VacuumReport
 from alkstore.engine import (
     EncodedPayload,
     Resolved,
@@ -22,8 +22,9 @@ from alkstore.engine import (
     redact_url,
 )
 from alkstore.errors import ValidationError
-from alkstore_postgres import _operations, _schedules, _schema
+from alkstore_postgres import _operations, _schedules, _schema, _vacuum
 from alkstore_postgres._clock import ServerClock
+from alkstore_postgres._compact import Compactor
 from alkstore_postgres._connection import (
     POOLERS,
     Conn,
@@ -223,6 +224,7 @@ class PostgresStore(Store):
         self._repoll_interval_s = duration_s(repoll_interval_s, "repoll_interval_s", positive=True)
         self._url = redact_url(conninfo)
         self._statements: dict[int, bytes] = {}
+        self._compactor = Compactor(self)
         self._db = Database(
             conninfo,
             min_size=min_size,
@@ -385,6 +387,24 @@ class PostgresStore(Store):
 
     def _queue_names(self) -> list[str]:
         return _operations.queue_names(self)
+
+    def vacuum_report(self) -> VacuumReport:
+        """The store's tables' live and dead row versions (the server's
+        statistics) and the oldest things that hold the xmin horizon, so
+        keep vacuum from removing dead rows: sessions in a transaction,
+        replication slots, prepared transactions (the optional capability
+        :class:`alkstore.VacuumReporting`; docs/operations.md "Long
+        transactions").
+
+        Raises
+        ------
+        StoreClosedError
+            If the store is closed.
+        EngineError
+            If the database fails.
+        """
+        self._check_open()
+        return _vacuum.vacuum_report(self)
 
     def _put_schedule(self, schedule: Schedule) -> Schedule:
         return _schedules.put_schedule(self, schedule)

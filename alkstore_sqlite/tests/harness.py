@@ -46,8 +46,15 @@ class SqliteHarness(EngineHarness):
     @contextlib.contextmanager
     def app_connection(self, target: StoreTarget) -> Iterator[sqlite3.Connection]:
         """An autocommit ``sqlite3`` connection: ``BEGIN`` is explicit (the
-        suite's :meth:`begin`), ``commit()``/``rollback()`` end it."""
-        conn = sqlite3.connect(parse_url(target.url), isolation_level=None, timeout=_APP_TIMEOUT_S)
+        suite's :meth:`begin`), ``commit()``/``rollback()`` end it. Usable
+        from the async store's threads (``check_same_thread=False``), as
+        docs/async.md asks of a connection given to ``AsyncQueue.enqueue_tx``."""
+        conn = sqlite3.connect(
+            parse_url(target.url),
+            isolation_level=None,
+            timeout=_APP_TIMEOUT_S,
+            check_same_thread=False,
+        )
         try:
             yield conn
         finally:

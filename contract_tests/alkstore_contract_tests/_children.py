@@ -10,6 +10,7 @@ exception of any kind is reported, never raised, so the parent sees it.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import traceback
 from collections.abc import Mapping, Sequence
@@ -25,6 +26,7 @@ __all__ = [
     "ChildSpec",
     "FixedClock",
     "SharedClock",
+    "async_claim_child",
     "claim_batch_child",
     "claim_race_child",
     "enqueue_child",
@@ -72,12 +74,61 @@ def epoch_us(instant: datetime) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
-def open_child_store(spec: ChildSpec, **extra: Any) -> Store:
-    """Open the target described by ``spec`` in this (child) process."""
+def _child_options(spec: ChildSpec, extra: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The URL and options ``spec`` describes, after its imports."""
     url, options, iso, imports = spec
     for module in imports:
         importlib.import_module(module)
-    return alkstore.open(url, **{**options, "clock": FixedClock(iso), **extra})
+    return url, {**options, "clock": FixedClock(iso), **extra}
+
+
+def open_child_store(spec: ChildSpec, **extra: Any) -> Store:
+    """Open the target described by ``spec`` in this (child) process."""
+    url, options = _child_options(spec, extra)
+    return alkstore.open(url, **options)
+
+
+def async_claim_child(
+    spec: ChildSpec,
+    *,
+    index: int,
+    queue_name: str,
+    coroutines: int,
+    batch: int,
+    barrier: Any,
+    results: Any,
+) -> None:
+    """Open the target with :func:`alkstore.open_async` on an event loop of
+    this process, wait at the barrier with the siblings (off the loop), then
+    run ``coroutines`` coroutines that each ``claim_batch(batch)`` and ack
+    every handle until the queue is empty; report
+    ``("async-claim", 0, index, [claimed ids], error)``, where ``error``
+    names any ack that returned ``False``."""
+
+    async def main() -> tuple[list[int], str | None]:
+        url, options = _child_options(spec, {})
+        claimed: list[int] = []
+        refused: list[int] = []
+        async with alkstore.open_async(url, **options) as store:
+            q = store.queue(queue_name)
+            await asyncio.to_thread(barrier.wait, BARRIER_TIMEOUT_S)
+
+            async def work(n: int) -> None:
+                while handles := await q.claim_batch(f"p{index}c{n}", batch):
+                    claimed.extend(h.id for h in handles)
+                    for handle in handles:
+                        if not await handle.ack():
+                            refused.append(handle.id)
+
+            await asyncio.gather(*(work(n) for n in range(coroutines)))
+        return claimed, (f"acks of jobs {refused} returned False" if refused else None)
+
+    try:
+        claimed, error = asyncio.run(main())
+        results.put(("async-claim", 0, index, claimed, error))
+    except BaseException:
+        results.put(("crash", -1, index, None, traceback.format_exc()))
+        barrier.abort()
 
 
 def claim_race_child(

@@ -10,25 +10,39 @@ The faults are written as SQL of their own over the SQLite engine's tables
 and row helpers (``_alkstore_jobs``, ``bury_sql``, ``job_from_row``), so
 they do not depend on how the engine words its own statements; store-wide
 faults (an unguarded schedule fire, a maintenance turn for everyone) wrap
-the engine's own primitives. The meta-test
+the engine's own primitives. The broken async facades plug in through the
+native-async hook (the factory's ``open_async``) over the correct SQLite
+engine. The meta-test
 ``test_the_sqlite_engine_passes_the_same_selection`` is the control.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, ParamSpec, TypeVar
 
 import pytest
 
 import alkstore
-from alkstore import AlkstoreError, JobHandle, QueueOpts, QueueStats, Schedule, SweepResult
+from alkstore import (
+    AlkstoreError,
+    JobHandle,
+    QueueOpts,
+    QueueStats,
+    Schedule,
+    SweepResult,
+    ValidationError,
+    enqueue_options,
+    resolve,
+)
+from alkstore.contract.threaded import ThreadedAsyncQueue, ThreadedAsyncStore
 from alkstore.engine import (
     EXPIRED,
     MAX_ATTEMPTS_EXCEEDED,
@@ -40,6 +54,9 @@ from alkstore_contract_tests import StoreTarget
 from alkstore_sqlite import ENGINE_OPTIONS, SqliteJobHandle, SqliteQueue, SqliteStore, parse_url
 from alkstore_sqlite._rows import LIVE_COLUMNS, bury_sql, job_from_row, to_us
 from alkstore_sqlite._wake import notify_wake, record_wake
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 _HARNESS_PATH = Path(__file__).resolve().parents[2] / "alkstore_sqlite" / "tests" / "harness.py"
 
@@ -490,6 +507,50 @@ class TwoStepMoveQueue(SqliteQueue):
         return True
 
 
+# -- (l) async facades: the loop blocked, or validation skipped ---------------
+
+
+class LoopBlockingAsyncStore(ThreadedAsyncStore):
+    """Runs each sync primitive right on the event loop, inside the
+    coroutine: the loop is blocked for every database wait and never turns
+    during an operation."""
+
+    async def _run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return fn(*args, **kwargs)
+
+
+class UncheckedEnqueueQueue(ThreadedAsyncQueue):
+    """``AsyncQueue.enqueue`` that skips validation: what it cannot check,
+    it writes anyway, with the queue's defaults and the payload's ``repr``
+    as bytes, where the contract raises ``ValidationError`` before any
+    write."""
+
+    async def enqueue(self, payload: object, **options: Any) -> int:
+        try:
+            return await super().enqueue(payload, **options)
+        except ValidationError:
+            resolved = resolve(await self._store._now(), self._opts, enqueue_options())
+            unchecked = EncodedPayload(repr(payload).encode(), "application/octet-stream")
+            return (await self._insert(resolved, [unchecked]))[0]
+
+
+class UncheckedEnqueueAsyncStore(ThreadedAsyncStore):
+    def _open_queue(self, name: str, opts: QueueOpts) -> ThreadedAsyncQueue:
+        return UncheckedEnqueueQueue(self, name, opts, self._sync._open_queue(name, opts))
+
+
+def _async_factory(async_store_class: type[ThreadedAsyncStore]) -> Any:
+    """The SQLite engine, with a native-async hook (the factory's
+    ``open_async``, docs/async.md) that wraps it in ``async_store_class``."""
+    open_sync = _store_factory(SqliteStore)
+
+    async def open_async(url: str, **options: Any) -> ThreadedAsyncStore:
+        return async_store_class(await asyncio.to_thread(open_sync, url, **options))
+
+    open_sync.open_async = open_async
+    return open_sync
+
+
 # -- registration --------------------------------------------------------------
 
 QUEUE_CLASSES: dict[str, type[SqliteQueue]] = {
@@ -508,6 +569,10 @@ STORE_CLASSES: dict[str, type[SqliteStore]] = {
     "broken-fire": UnguardedFireStore,
     "broken-turn": AlwaysMyTurnStore,
     "broken-half-fire": NonAtomicFireStore,
+}
+ASYNC_STORE_CLASSES: dict[str, type[ThreadedAsyncStore]] = {
+    "broken-async-blocks": LoopBlockingAsyncStore,
+    "broken-async-unchecked": UncheckedEnqueueAsyncStore,
 }
 
 
@@ -531,6 +596,8 @@ for _scheme, _queue_class in QUEUE_CLASSES.items():
     alkstore.register(_scheme, _factory(_queue_class))
 for _scheme, _store_class in STORE_CLASSES.items():
     alkstore.register(_scheme, _store_factory(_store_class))
+for _scheme, _async_class in ASYNC_STORE_CLASSES.items():
+    alkstore.register(_scheme, _async_factory(_async_class))
 
 
 def _as_sqlite(target: StoreTarget) -> StoreTarget:
@@ -623,3 +690,11 @@ class TwoStepMoveHarness(_BrokenHarness):
 
 class AckManyByIdHarness(_BrokenHarness):
     scheme = "broken-ack-many"
+
+
+class LoopBlockingHarness(_BrokenHarness):
+    scheme = "broken-async-blocks"
+
+
+class UncheckedEnqueueHarness(_BrokenHarness):
+    scheme = "broken-async-unchecked"

@@ -35,19 +35,20 @@ EXAMPLE_FILES = {
     "project/tests/test_delegate_contract.py",
 }
 
-#: The tests each capability of the page's harness turns on: the 15 that
-#: ``app_connection`` enables, case 011 (``dead_letter_inserts_fail``) and
-#: the two fork tests (``stores_survive_fork``).
+#: The tests each capability of the page's harness turns on: the 18 that
+#: ``app_connection`` enables (3 of them through the async surface), case
+#: 011 (``dead_letter_inserts_fail``) and the two fork tests
+#: (``stores_survive_fork``).
 APP_CONNECTION = (
     "commit_makes_the_job_visible or rollback_leaves_no_job or rollback_to_savepoint"
     " or conn_outside_a_transaction or refused_enqueue_does_not_abort"
     " or options_resolve_as_for_enqueue or committed_message_is_relayed"
     " or rolled_back_message_is_never_sent or refused_message_aborts_nothing"
-    " or enqueue_tx_commits_and_rolls_back"
+    " or enqueue_tx_commits_and_rolls_back or async_surface_tx"
 )
 DEAD_LETTER_FAULT = "case_011"
 FORK = "opened_before_fork or parent_closing_its_store"
-CAPABILITY_TESTS = 15 + 1 + 2
+CAPABILITY_TESTS = 18 + 1 + 2
 
 #: The page's harness with sqlite3's default (implicit) transactions: the
 #: page says the suite then fails its check that ``enqueue_tx`` refuses a

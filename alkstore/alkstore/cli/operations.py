@@ -13,6 +13,7 @@ from alkstore.cli.group import cli
 from alkstore.cli.options import APP_STORE, JOB_ID, SECONDS
 from alkstore.cli.render import job_fields, table, when
 from alkstore.contract.queue import Queue
+from alkstore.contract.vacuum import VacuumReporting
 
 
 @cli.command()
@@ -179,3 +180,47 @@ def dead_purge(
         ctx.warn_unknown_queues(store, [queue_name])
         purged = store.queue(queue_name).purge_dead(older_than)
     click.echo(f"{purged} dead job(s) purged")
+
+
+@cli.command()
+@APP_STORE
+@click.pass_obj
+def bloat(ctx: Context, *, app_spec: str | None) -> None:
+    """Show the store's dead row versions and what keeps vacuum from
+    removing them (docs/operations.md "Long transactions").
+
+    For each of the store's tables: live and dead row versions (the
+    server's estimates) and its last vacuum; then the oldest sessions,
+    replication slots and prepared transactions that hold the xmin horizon,
+    with their age in transactions and how long they have been open.
+    Engines that keep no old row versions have nothing to report.
+    """
+    with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
+        if not isinstance(store, VacuumReporting):
+            click.echo(f"{type(store).__name__} keeps no dead row versions: nothing to report")
+            return
+        report = store.vacuum_report()
+    rows = [
+        (t.table, str(t.live_rows), str(t.dead_rows), when(t.last_autovacuum), when(t.last_vacuum))
+        for t in report.tables
+    ]
+    click.echo(table(("table", "live", "dead", "last autovacuum", "last vacuum"), rows))
+    click.echo()
+    if not report.holders:
+        click.echo("nothing holds the xmin horizon: vacuum can remove every dead row")
+        return
+    click.echo("oldest holders of the xmin horizon (vacuum keeps every row they may see):")
+    holders = [
+        (
+            h.kind,
+            h.ident,
+            str(h.age),
+            "-" if h.held_s is None else f"{h.held_s:.0f} s",
+            h.state or "-",
+            h.application_name or "-",
+            " ".join((h.query or "-").split()),
+        )
+        for h in report.holders
+    ]
+    header = ("kind", "pid/name", "age (xacts)", "open for", "state", "application", "query")
+    click.echo(table(header, holders))

@@ -9,6 +9,13 @@ hand-listed test areas.
 
 from __future__ import annotations
 
+from alkstore_contract_tests.suite.async_surface import (
+    AsyncConcurrencyTests,
+    AsyncLoopTests,
+    AsyncStatefulTests,
+    AsyncSurfaceTests,
+    AsyncTransactionalTests,
+)
 from alkstore_contract_tests.suite.cases import HandedCaseTests
 from alkstore_contract_tests.suite.claim import ClaimTests, HandleValidityTests
 from alkstore_contract_tests.suite.concurrency import (
@@ -56,6 +63,11 @@ __all__ = [
     "TOPICS",
     "AckBatchTests",
     "AckManyTests",
+    "AsyncConcurrencyTests",
+    "AsyncLoopTests",
+    "AsyncStatefulTests",
+    "AsyncSurfaceTests",
+    "AsyncTransactionalTests",
     "AtomicMoveTests",
     "CancelTests",
     "ClaimTests",
@@ -135,6 +147,11 @@ class ContractSuite(
     SchedulerConcurrencyTests,
     StatefulTests,
     WorkerTests,
+    AsyncSurfaceTests,
+    AsyncLoopTests,
+    AsyncConcurrencyTests,
+    AsyncTransactionalTests,
+    AsyncStatefulTests,
 ):
     """The whole alkstore contract (docs/contract.md §2, §3, the regression cases, and
     the operations, schedules and outbox of docs/operations.md,
@@ -154,7 +171,12 @@ class ContractSuite(
     ``spawned_processes_can_open``, ``stores_survive_fork``) enable the tests that need them; the
     rest skip with a reason.
 
-    Tests marked ``slow`` (processes, the state machine, case 003) run by
+    The ``Async...Tests`` run the same contract through the async surface
+    (:func:`alkstore.open_async` on the same target; docs/async.md), so an
+    engine with only sync primitives is tested through the core's thread
+    adapter, and one with native async primitives through its own.
+
+    Tests marked ``slow`` (processes, the state machines, case 003) run by
     default; deselect them with ``-m "not slow"`` for a quick loop.
     """
 

@@ -35,7 +35,13 @@ from alkstore_contract_tests._fixtures import (
 from alkstore_contract_tests.harness import StoreTarget
 from alkstore_contract_tests.suite.wake import WAKE_TIMEOUT_S
 
-__all__ = ["ForkTests", "ProcessConcurrencyTests", "ThreadConcurrencyTests", "rounds"]
+__all__ = [
+    "ForkTests",
+    "ProcessConcurrencyTests",
+    "SpawnFixtures",
+    "ThreadConcurrencyTests",
+    "rounds",
+]
 
 BARRIER_TIMEOUT_S = 120.0
 
@@ -322,12 +328,10 @@ class _Spawner:
                 process.join(5)
 
 
-class ProcessConcurrencyTests(ContractFixtures):
-    """Separate processes started with ``"spawn"``; each opens the target with
-    :func:`alkstore.open` and a fixed clock (harness capability
-    ``spawned_processes_can_open``)."""
-
-    PROCESSES = 4
+class SpawnFixtures(ContractFixtures):
+    """The ``spawn`` fixture and :meth:`collect`, for the tests whose
+    children are separate processes started with ``"spawn"`` (harness
+    capability ``spawned_processes_can_open``)."""
 
     @pytest.fixture
     def spawn(self, alkstore_target: StoreTarget) -> Iterator[_Spawner]:
@@ -363,6 +367,32 @@ class ProcessConcurrencyTests(ContractFixtures):
                 raise AssertionError(f"child {item[2]} crashed:\n{item[4]}")
             got.append(item)
         return got
+
+    def run_together(
+        self, spawn: _Spawner, function: Callable[..., None], count: int, **kwargs: Any
+    ) -> list[tuple[Any, ...]]:
+        """Start ``count`` children running ``function(spec, index=i,
+        barrier=..., results=..., **kwargs)``, all on one barrier of
+        ``count``; collect one report from each and assert that none
+        reported an error."""
+        barrier = spawn.ctx.Barrier(count)
+        results = spawn.ctx.Queue()
+        processes = [
+            spawn(function, index=i, barrier=barrier, results=results, **kwargs)
+            for i in range(count)
+        ]
+        reports = self.collect(results, count, processes)
+        errors = [r[4] for r in reports if r[4] is not None]
+        assert errors == [], errors[0] if errors else ""
+        return reports
+
+
+class ProcessConcurrencyTests(SpawnFixtures):
+    """Separate processes started with ``"spawn"``; each opens the target with
+    :func:`alkstore.open` and a fixed clock (harness capability
+    ``spawned_processes_can_open``)."""
+
+    PROCESSES = 4
 
     @pytest.mark.slow
     def test_case_001_claim_one_race_processes(self, spawn: _Spawner, store: Store) -> None:
@@ -405,23 +435,9 @@ class ProcessConcurrencyTests(ContractFixtures):
         """50 jobs, four processes each ``claim_batch(20)`` together."""
         producer = store.queue("race")
         ids = producer.enqueue_many(list(range(50)))
-        ctx = spawn.ctx
-        barrier = ctx.Barrier(self.PROCESSES)
-        results = ctx.Queue()
-        processes = [
-            spawn(
-                _children.claim_batch_child,
-                index=i,
-                queue_name="race",
-                n=20,
-                barrier=barrier,
-                results=results,
-            )
-            for i in range(self.PROCESSES)
-        ]
-        reports = self.collect(results, self.PROCESSES, processes)
-        errors = [r[4] for r in reports if r[4] is not None]
-        assert errors == [], errors[0] if errors else ""
+        reports = self.run_together(
+            spawn, _children.claim_batch_child, self.PROCESSES, queue_name="race", n=20
+        )
         handed = [pair for r in reports for pair in r[3]]
         assert Counter(i for i, _ in handed) == Counter(ids)
         assert {attempts for _, attempts in handed} == {1}

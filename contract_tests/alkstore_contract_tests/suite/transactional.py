@@ -15,7 +15,7 @@ from alkstore_contract_tests._fixtures import ContractFixtures, StoreFactory, at
 from alkstore_contract_tests.harness import StoreTarget
 from alkstore_contract_tests.suite.wake import QUIET_S, WAKE_TIMEOUT_S
 
-__all__ = ["TransactionalEnqueueTests"]
+__all__ = ["App", "AppFixtures", "TransactionalEnqueueTests"]
 
 
 class App:
@@ -38,9 +38,9 @@ class App:
         return sorted(row[0] for row in self.execute("SELECT id FROM orders").fetchall())
 
 
-class TransactionalEnqueueTests(ContractFixtures):
-    """``Queue.enqueue_tx`` inside the caller's transaction (needs the
-    harness's ``app_connection``)."""
+class AppFixtures(ContractFixtures):
+    """The ``app`` fixture: the application's own connection and table
+    (harness capability ``app_connection``)."""
 
     @pytest.fixture
     def app(self, alkstore_target: StoreTarget, store: Store) -> Iterator[App]:
@@ -59,6 +59,11 @@ class TransactionalEnqueueTests(ContractFixtures):
             self.begin(conn)
             app.execute("DROP TABLE orders")
             conn.commit()
+
+
+class TransactionalEnqueueTests(AppFixtures):
+    """``Queue.enqueue_tx`` inside the caller's transaction (needs the
+    harness's ``app_connection``)."""
 
     @pytest.fixture
     def worker(self, open_store: StoreFactory) -> Queue:
