@@ -8,15 +8,12 @@ import asyncio
 import importlib.util
 import inspect
 import logging
-import os
-import random
 import re
 import sqlite3
 import subprocess
 import sys
 import threading
-import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -152,221 +149,9 @@ def test_every_queue_and_handle_operation_is_a_coroutine() -> None:
         assert inspect.iscoroutinefunction(getattr(cls, name)), name
 
 
-# -- the same results and errors as the sync store ---------------------------
-
-
-def shown(value: Any) -> Any:
-    """Results made comparable: a handle is its claim-time job."""
-    if isinstance(value, JobHandle | AsyncJobHandle):
-        return ("handle", value.job)
-    if isinstance(value, list):
-        return [shown(v) for v in value]
-    return value
-
-
-async def sync_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    return fn(*args, **kwargs)
-
-
-async def async_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    return await fn(*args, **kwargs)
-
-
-async def scenario(store: Any, call: Call, clock: ManualClock, path: Path) -> list[Any]:
-    """Every queue, handle and store operation once or more; the results."""
-    q = store.queue("q", QueueOpts(visibility_timeout_s=30, max_attempts=2, expires_s=600))
-    r: list[Any] = []
-    r.append(await call(q.enqueue, {"a": 1}))
-    r.append(await call(q.enqueue, b"raw", delay=5, priority=2, expires=60))
-    r.append(await call(q.enqueue_many, [1, 2, 3], priority=1, max_attempts=3))
-    r.append(await call(q.enqueue_many, []))
-    r.append(await call(q.stats))
-    first = await call(q.claim_one, "w1")
-    pair = await call(q.claim_batch, "w2", 2)
-    r += [first, pair, await call(q.claim_batch, "w2", 0)]
-    r.append(await call(first.heartbeat, 10))
-    r += [await call(first.ack), await call(first.ack)]  # the second: spent
-    r.append(await call(pair[0].retry, "boom"))  # the backoff draws from rng
-    r.append(await call(pair[1].fail, "bad"))
-    r += [await call(q.get_job, pair[0].id), await call(q.get_job, pair[1].id)]
-    r += [await call(q.dead_jobs), await call(q.dead_jobs, 1, after_id=0)]
-    r += [await call(q.requeue, pair[1].id, delay=1), await call(q.requeue, 999)]
-    lapsing = await call(q.claim_one, "w3")
-    r += [lapsing, await call(q.lapsed_claims)]
-    clock.advance(31)
-    r += [await call(q.lapsed_claims), await call(lapsing.ack), await call(lapsing.retry, "x")]
-    r.append(await call(q.ack_batch, [lapsing.id, 12345]))
-    # ack_many by claim identity: a held claim, the same handle again, a
-    # spent one, and one whose claim lapsed.
-    held, stale = await call(q.claim_batch, "w5", 2)
-    clock.advance(1)
-    r += [held, stale, await call(q.ack_many, [])]
-    r.append(await call(q.ack_many, [held, held, first]))
-    clock.advance(30)
-    r.append(await call(q.ack_many, [stale]))
-    r += [await call(q.pause), await call(q.pause), await call(q.is_paused)]
-    r += [await call(q.claim_one, "w4"), await call(q.resume), await call(q.resume)]
-    r += [await call(q.cancel, 5), await call(q.cancel, 999)]
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    try:
-        conn.execute("BEGIN")
-        r.append(await call(q.enqueue_tx, conn, {"tx": True}))
-        conn.execute("COMMIT")
-    finally:
-        conn.close()
-    clock.advance(700)
-    r += [await call(q.sweep_expired), await call(q.purge_dead, 10), await call(q.purge_dead)]
-    r += [await call(q.stats), await call(q.get_job, 1)]
-    # The store's own operations.
-    r.append(await call(store.schedule, "tick", "@every 1m", q, {"s": 1}, priority=4))
-    r.append(await call(store.schedule, "tick", "@every 1m", q, {"s": 1}, priority=4))
-    r += [await call(store.schedules), await call(store.unreadable_schedules)]
-    r += [await call(store.unschedule, "tick"), await call(store.unschedule, "tick")]
-    r += [await call(store.queue_names), await call(store.migrate)]
-    return [shown(v) for v in r]
-
-
-def open_pair(tmp_path: Path) -> tuple[Store, ManualClock, Path, str, ManualClock, Path]:
-    sync_path, async_path = tmp_path / "sync.db", tmp_path / "async.db"
-    sync_clock, async_clock = ManualClock(), ManualClock()
-    store = alkstore.open(f"sqlite:///{sync_path}", clock=sync_clock, rng=random.Random(7))
-    return store, sync_clock, sync_path, f"sqlite:///{async_path}", async_clock, async_path
-
-
-def test_every_operation_gives_the_sync_result(tmp_path: Path) -> None:
-    store, sync_clock, sync_path, async_url, async_clock, async_path = open_pair(tmp_path)
-    with store:
-        expected = run(scenario(store, sync_call, sync_clock, sync_path))
-
-    async def on_async() -> list[Any]:
-        async with alkstore.open_async(
-            async_url, clock=async_clock, rng=random.Random(7)
-        ) as astore:
-            assert isinstance(astore, ThreadedAsyncStore)
-            return await scenario(astore, async_call, async_clock, async_path)
-
-    got = run(on_async())
-    assert got == expected
-    # Spot checks that the scenario exercised what it claims.
-    assert expected[0] == 1
-    assert expected[3] == []
-    assert any(isinstance(v, alkstore.SweepResult) and v.expired > 0 for v in expected)
-
-
-BAD_QUEUE_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
-    ("enqueue", (object(),), {}),
-    ("enqueue", (1,), {"delay": -1}),
-    ("enqueue", (1,), {"priority": "high"}),
-    ("enqueue", (1,), {"run_at": "tomorrow"}),
-    ("enqueue_many", (5,), {}),
-    ("enqueue_many", ([1, object()],), {}),
-    ("enqueue_tx", (object(), 1), {}),
-    ("enqueue_tx", (None, object()), {}),
-    ("claim_one", ("",), {}),
-    ("claim_batch", ("w", 1.5), {}),
-    ("claim_batch", (7, 1), {}),
-    ("ack_batch", ("12",), {}),
-    ("ack_many", ("12",), {}),
-    ("ack_many", ([12],), {}),
-    ("cancel", ("1",), {}),
-    ("get_job", (1.5,), {}),
-    ("dead_jobs", (0,), {}),
-    ("dead_jobs", (10, -1), {}),
-    ("requeue", (1,), {"delay": -1}),
-    ("purge_dead", ("old",), {}),
-]
-BAD_HANDLE_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
-    ("retry", (5,), {}),
-    ("retry", ("e",), {"delay": -1}),
-    ("fail", (5,), {}),
-    ("heartbeat", (0,), {}),
-]
-
-
-async def refusals(store: Any, call: Call) -> list[tuple[str, str]]:
-    """What each bad call raised, then the stats, to show nothing was written."""
-    q = store.queue("q")
-    await call(q.enqueue, "one")
-    handle = await call(q.claim_one, "w")
-    seen: list[tuple[str, str]] = []
-
-    async def refused(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        with pytest.raises(ValidationError) as caught:
-            await call(fn, *args, **kwargs)
-        seen.append((type(caught.value).__name__, str(caught.value)))
-
-    for name, args, kwargs in BAD_QUEUE_CALLS:
-        await refused(getattr(q, name), *args, **kwargs)
-    for name, args, kwargs in BAD_HANDLE_CALLS:
-        await refused(getattr(handle, name), *args, **kwargs)
-    for bad_name in ("", "a b", 3):
-        with pytest.raises(ValidationError) as caught:
-            store.queue(bad_name)
-        seen.append(("queue", str(caught.value)))
-        await refused(store.listen, bad_name)
-    with pytest.raises(ValidationError) as caught:
-        store.queue("q", opts={"priority": 1})
-    seen.append(("queue opts", str(caught.value)))
-    await refused(store.schedule, "s", "every day", "q", 1)
-    await refused(store.schedule, "s", "@hourly", "q", 1, delay=5)
-    subscription = await call(store.listen, "q")
-    try:
-        await refused(subscription.wait, -1)
-        await refused(subscription.wait, float("inf"))
-    finally:
-        await call(subscription.close)
-    seen.append(("stats", repr(await call(q.stats))))
-    return seen
-
-
-def test_every_bad_call_raises_the_sync_validation_error(tmp_path: Path) -> None:
-    with alkstore.open(f"sqlite:///{tmp_path / 'sync.db'}") as store:
-        expected = run(refusals(store, sync_call))
-
-    async def on_async() -> list[tuple[str, str]]:
-        async with alkstore.open_async(f"sqlite:///{tmp_path / 'async.db'}") as astore:
-            return await refusals(astore, async_call)
-
-    got = [(kind, text.replace("async.db", "sync.db")) for kind, text in run(on_async())]
-    assert got == expected
-    assert len(expected) == len(BAD_QUEUE_CALLS) + len(BAD_HANDLE_CALLS) + 12
-    assert expected[-1] == ("stats", repr(alkstore.QueueStats(0, 0, 1, 0)))
-
-
-def test_a_closed_async_store_refuses_every_operation(url: str) -> None:
-    async def main() -> None:
-        store = await alkstore.open_async(url)
-        q = store.queue("q")
-        await q.enqueue(1)
-        handle = await q.claim_one("w")
-        assert handle is not None
-        subscription = await store.listen("q")
-        await store.close()
-        await store.close()  # idempotent
-        assert store.closed
-        assert store.sync_store.closed  # type: ignore[attr-defined]
-        for op in (
-            q.enqueue(1),
-            q.stats(),
-            q.claim_one("w"),
-            q.enqueue(object()),  # closed is checked before validation
-            handle.ack(),
-            handle.retry("e"),
-            subscription.wait(0),
-            store.listen("q"),
-            store.queue_names(),
-        ):
-            with pytest.raises(StoreClosedError):
-                await op
-        with pytest.raises(StoreClosedError):
-            store.queue("q")
-        # An operation already past its closed check when the store closed
-        # finds the pool gone: the same error, not the executor's.
-        assert isinstance(store, ThreadedAsyncStore)
-        with pytest.raises(StoreClosedError):
-            await store._run(int, "1")
-
-    run(main())
+# The same results, the same ValidationErrors, a closed store's refusals and
+# exactly-once claims under many coroutines are the contract suite's
+# (alkstore_contract_tests/suite/async_surface.py), run on every engine.
 
 
 # -- the loop is never blocked ----------------------------------------------
@@ -447,53 +232,6 @@ def test_slow_operations_never_block_the_loop(url: str, caplog: pytest.LogCaptur
         if r.name == "asyncio" and (m := re.search(r"took (\d+\.\d+) seconds", r.getMessage()))
     ]
     assert [t for t in took if t >= 0.25] == []
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def engine(request: pytest.FixtureRequest, url: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """A store's URL and options: SQLite, or a fresh schema on the
-    PostgreSQL server of ``ALKSTORE_TEST_POSTGRES_URL`` (whose engine
-    reads the server's clock, so the adapter takes even the clock read
-    off the loop)."""
-    if request.param == "sqlite":
-        yield url, {}
-        return
-    pg_url = os.environ.get("ALKSTORE_TEST_POSTGRES_URL", "")
-    if not pg_url:
-        pytest.skip("set ALKSTORE_TEST_POSTGRES_URL to run the PostgreSQL case")
-    psycopg = pytest.importorskip("psycopg")
-    schema = f"async_{uuid.uuid4().hex[:12]}"
-    try:
-        yield pg_url, {"schema": schema}
-    finally:
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-
-
-def test_sixteen_coroutines_claim_each_job_exactly_once(engine: tuple[str, dict[str, Any]]) -> None:
-    url, options = engine
-
-    async def main() -> tuple[list[int], list[int], alkstore.QueueStats]:
-        async with alkstore.open_async(url, **options) as store:
-            assert isinstance(store, ThreadedAsyncStore)
-            assert store._now_is_pure is (not url.startswith("postgresql"))
-            q = store.queue("q")
-            ids = await q.enqueue_many([{"n": n} for n in range(400)])
-            claimed: list[int] = []
-
-            async def worker(n: int) -> None:
-                while handles := await q.claim_batch(f"w{n}", 3):
-                    claimed.extend(h.id for h in handles)
-                    for handle in handles:
-                        assert await handle.ack()
-
-            await asyncio.gather(*(worker(n) for n in range(16)))
-            return ids, claimed, await q.stats()
-
-    ids, claimed, stats = run(main())
-    assert len(claimed) == len(set(claimed)) == 400
-    assert sorted(claimed) == ids
-    assert stats == alkstore.QueueStats(0, 0, 0, 0)
 
 
 # -- subscriptions ------------------------------------------------------------
