@@ -13,7 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -41,7 +41,6 @@ from alkstore.contract.threaded import ThreadedAsyncStore
 from alkstore_contract_tests._clock import ManualClock
 
 ROOT = Path(__file__).resolve().parents[2]
-Call = Callable[..., Awaitable[Any]]
 
 
 def load_tool() -> ModuleType:
