@@ -28,8 +28,9 @@ __all__ = ["pool_wait_row"]
 THREADS = 64
 #: The old default pool_max_size, for comparison.
 OLD_POOL_MAX_SIZE = 10
-#: Target: the p99 wait of the default pool, milliseconds.
-TARGET_MS = 10.0
+#: Target (issue 13: "64 threads on one store do not queue 100 ms for a
+#: connection"): the p99 wait of the default pool, milliseconds.
+TARGET_MS = 100.0
 
 
 def _waits(url: str, pool_max_size: int | None, per_thread: int) -> list[float]:
