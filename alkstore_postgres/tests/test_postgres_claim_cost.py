@@ -6,14 +6,16 @@ first claim moves."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from postgres_helpers import index_names
+from postgres_server import throwaway_cluster
 from psycopg import sql
 from test_postgres_schema import claim_plan, make_version, nodes, version
 
@@ -24,6 +26,16 @@ from alkstore_postgres._schema import (
 )
 
 pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture(scope="module")
+def postgres_url() -> Iterator[str]:
+    """A throwaway cluster for this module: its page counts assume VACUUM
+    can clean the table, which no other session's snapshot may stop (on a
+    shared server, any long transaction in the database does)."""
+    with contextlib.ExitStack() as stack:
+        yield throwaway_cluster(stack).url()
+
 
 _S = timedelta(seconds=1)
 
