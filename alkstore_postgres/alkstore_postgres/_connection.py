@@ -267,14 +267,21 @@ RECONNECT_EVERY_S = 1.0
 POOL_MAX_IDLE_S = 60.0
 
 
+def _statement_timeout_ms(query_timeout_s: float) -> int:
+    """The server-side ``statement_timeout`` for ``query_timeout_s``, in
+    milliseconds (:data:`STATEMENT_TIMEOUT_FRACTION` of it)."""
+    return min(_INT_MAX, max(1, int(query_timeout_s * STATEMENT_TIMEOUT_FRACTION * 1000)))
+
+
 def _session_options(conninfo: str, query_timeout_s: float) -> str:
     given = str(conninfo_to_dict(conninfo).get("options") or os.environ.get("PGOPTIONS", ""))
     # Before the given options, which may set another statement_timeout; after
     # them, the settings the engine's statements rely on, which must win.
-    statement_timeout_ms = min(
-        _INT_MAX, max(1, int(query_timeout_s * STATEMENT_TIMEOUT_FRACTION * 1000))
-    )
-    parts = [f"-c statement_timeout={statement_timeout_ms}", given, _SESSION_SETTINGS]
+    parts = [
+        f"-c statement_timeout={_statement_timeout_ms(query_timeout_s)}",
+        given,
+        _SESSION_SETTINGS,
+    ]
     return " ".join(part for part in parts if part)
 
 
@@ -341,11 +348,8 @@ def session_setup(query_timeout_s: float, pooler: str | None) -> str | None:
         return None
     settings = [("TimeZone", "UTC")]
     if pooler == "session":
-        statement_timeout_ms = min(
-            _INT_MAX, max(1, int(query_timeout_s * STATEMENT_TIMEOUT_FRACTION * 1000))
-        )
         settings += [
-            ("statement_timeout", str(statement_timeout_ms)),
+            ("statement_timeout", str(_statement_timeout_ms(query_timeout_s))),
             ("plan_cache_mode", "force_generic_plan"),
             ("default_transaction_isolation", "read committed"),
         ]
