@@ -8,12 +8,14 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 import alkstore
 from alkstore import Outbox, QueueOpts, Store, ValidationError
+from alkstore_contract_tests import T0, ManualClock
 
 
 @pytest.fixture
@@ -22,24 +24,42 @@ def store(tmp_path: Path) -> Iterator[Store]:
         yield opened
 
 
-def test_a_slow_send_does_not_hand_the_batch_out_again(store: Store) -> None:
-    # The second send ends 0.7 s after the claim, past the 0.6 s visibility
-    # timeout, with no send on its own slower than half of it: only the
-    # relay's background heartbeats keep the claims alive.
-    queue = store.queue("outbox", QueueOpts(visibility_timeout_s=0.6))
-    outbox = Outbox(queue)
-    queue.enqueue_many([1, 2, 3])
-    sent: Counter[int] = Counter()
-    seconds = {1: 0.25, 2: 0.45, 3: 0.0}
+def test_a_slow_send_does_not_hand_the_batch_out_again(tmp_path: Path) -> None:
+    # The sends take 0.7 s of the store's clock together, past the 0.6 s
+    # visibility timeout, no one of them longer than 0.35 s: only the relay's
+    # background heartbeats (every 0.2 s) keep the claims alive. The store's
+    # clock moves only here; each send waits, bounded, for the heartbeats to
+    # land before it moves the clock on, so a slow machine cannot fail it.
+    clock = ManualClock(T0)
+    with alkstore.open(f"sqlite:///{tmp_path / 'outbox.db'}", clock=clock) as store:
+        queue = store.queue("outbox", QueueOpts(visibility_timeout_s=0.6))
+        outbox = Outbox(queue)
+        ids = queue.enqueue_many([1, 2, 3])
+        sent: Counter[int] = Counter()
 
-    def slow_send(message: int) -> None:
-        sent[message] += 1
-        time.sleep(seconds[message])
+        def renewed_since(instant: datetime) -> bool:
+            jobs = [queue.get_job(job_id) for job_id in ids]
+            return all(
+                job is not None
+                and job.claim_deadline is not None
+                and job.claim_deadline >= instant + timedelta(seconds=0.6)
+                for job in jobs
+            )
 
-    assert outbox.relay_once(slow_send, worker_id="relay") == 3
-    assert outbox.relay_once(slow_send, worker_id="other") == 0
-    assert sent == {1: 1, 2: 1, 3: 1}
-    assert queue.stats() == (0, 0, 0, 0)
+        def slow_send(message: int) -> None:
+            sent[message] += 1
+            if message != 3:
+                now = clock.advance(0.35)
+                deadline = time.monotonic() + 30
+                while not renewed_since(now):
+                    assert time.monotonic() < deadline, "no heartbeat renewed the claims"
+                    time.sleep(0.01)
+
+        assert outbox.relay_once(slow_send, worker_id="relay") == 3
+        assert clock() == T0 + timedelta(seconds=0.7)  # past the claims' first deadline
+        assert outbox.relay_once(slow_send, worker_id="other") == 0
+        assert sent == {1: 1, 2: 1, 3: 1}
+        assert queue.stats() == (0, 0, 0, 0)
 
 
 def test_bad_arguments_are_refused(store: Store) -> None:
