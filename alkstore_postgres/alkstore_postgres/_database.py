@@ -65,7 +65,8 @@ class _PoolConnection(psycopg.Connection[TupleRow]):
     """The pool's connection class: a connect that fails is handed to the
     ``on_connect_error`` callable the pool's kwargs carry (the pool's own
     connects run in its background workers and only log their errors), so
-    that an operation that gets no connection in time can say why."""
+    that an operation that gets no connection in time can say why; and the
+    async one lets the loop turn before it closes."""
 
     @classmethod
     def connect(  # type: ignore[override]
@@ -76,6 +77,9 @@ class _PoolConnection(psycopg.Connection[TupleRow]):
         except psycopg.Error as error:
             on_connect_error(error)
             raise
+
+    def close(self) -> None:
+        super().close()
 
 
 def database_identity(conn: psycopg.Connection[Any]) -> DatabaseIdentity:

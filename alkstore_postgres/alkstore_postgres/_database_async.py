@@ -29,7 +29,7 @@ from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from alkstore.errors import StoreClosedError
-from alkstore_postgres._acompat import ALock, afrom_thread, aspawn
+from alkstore_postgres._acompat import ALock, afrom_thread, asleep, aspawn, is_async
 from alkstore_postgres._connection import (
     DATABASE_IDENTITY,
     DEFAULT_ISOLATION,
@@ -63,7 +63,8 @@ class _PoolConnection(psycopg.AsyncConnection[TupleRow]):
     """The pool's connection class: a connect that fails is handed to the
     ``on_connect_error`` callable the pool's kwargs carry (the pool's own
     connects run in its background workers and only log their errors), so
-    that an operation that gets no connection in time can say why."""
+    that an operation that gets no connection in time can say why; and the
+    async one lets the loop turn before it closes."""
 
     @classmethod
     async def connect(  # type: ignore[override]
@@ -74,6 +75,15 @@ class _PoolConnection(psycopg.AsyncConnection[TupleRow]):
         except psycopg.Error as error:
             on_connect_error(error)
             raise
+
+    async def close(self) -> None:
+        if is_async():
+            # The pool closes its idle connections one after the other
+            # without awaiting anything (a connection's close does no
+            # waiting I/O): a turn of the loop between two keeps the close
+            # of a store holding dozens from holding the loop meanwhile.
+            await asleep(0)
+        await super().close()
 
 
 async def database_identity(conn: psycopg.AsyncConnection[Any]) -> DatabaseIdentity:

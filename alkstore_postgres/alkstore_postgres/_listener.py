@@ -308,6 +308,15 @@ class Listener:
         pause = 0.0
         try:
             while True:
+                if conn is None:
+                    # What is asked meanwhile (a channel, a call) is read
+                    # below, once connected; a stop fails the calls.
+                    conn = self._conn = self._reconnect(pause)
+                    if conn is None:
+                        return
+                    pause = _next_pause(pause)
+                    listening = set()
+                    lost = True
                 with self._cond:
                     if self._stopped:
                         return
@@ -317,16 +326,8 @@ class Listener:
                     check = self._check
                     if check:
                         self._check = False
-                if conn is None:
-                    conn = self._conn = self._reconnect(pause)
-                    if conn is None:
-                        for result in calls:
-                            result.fail(StoreClosedError("the store is closed"))
-                        return
-                    pause = _next_pause(pause)
-                    listening = set()
-                    lost = True
-                    check = False
+                if lost:
+                    check = False  # a new connection needs no ping
                 guard = self._watchdog.guard
                 try:
                     with guard(conn):
