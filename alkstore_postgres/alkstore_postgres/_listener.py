@@ -160,17 +160,20 @@ class Listener:
                 return
         try:
             self._start()
+            self._poke()
+            with self._cond:
+                synced = self._cond.wait_for(
+                    lambda: self._synced >= target or self._stopped, _SYNC_TIMEOUT_S
+                )
         except BaseException:
+            # The caller gets no subscription to close (a failed first
+            # connect; the async caller's task cancelled).
             self.unsubscribe(channel, latch)
             raise
-        self._poke()
-        with self._cond:
-            if not self._cond.wait_for(
-                lambda: self._synced >= target or self._stopped, _SYNC_TIMEOUT_S
-            ):
-                # The wake is a hint and the listener keeps trying; consumers
-                # re-poll, so a slow LISTEN delays work but strands nothing.
-                log.warning("LISTEN on %r not confirmed after %s s", channel, _SYNC_TIMEOUT_S)
+        if not synced:
+            # The wake is a hint and the listener keeps trying; consumers
+            # re-poll, so a slow LISTEN delays work but strands nothing.
+            log.warning("LISTEN on %r not confirmed after %s s", channel, _SYNC_TIMEOUT_S)
 
     def unsubscribe(self, channel: str, latch: WakeLatch) -> None:
         """Stop setting ``latch``; UNLISTEN when no latch wants ``channel``."""
