@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import psycopg
 import pytest
-from postgres_bouncer import Bouncer
+from postgres_bouncer import Bouncer, pgbouncer
 from postgres_proxy import StallingProxy
 from postgres_server import Cluster, throwaway_cluster
 from test_postgres_budget import full_server
@@ -44,6 +44,8 @@ from alkstore_postgres import (
     open_async_store,
     open_store,
 )
+from alkstore_postgres._clock_sample import RESAMPLE_AFTER_S
+from alkstore_postgres._compact_async import compact
 
 pytestmark = pytest.mark.postgres
 
@@ -608,6 +610,141 @@ def test_behind_a_transaction_pooler_without_listen_url_it_warns_once_and_repoll
         " cannot LISTEN: subscriptions never wake, consumers find new jobs by re-polling"
         " every repoll_interval_s (30 s)"
     ]
+
+
+def test_session_mode_holds_the_engines_settings_and_listens_through_the_pooler(
+    bouncer_session: Bouncer, schema: str
+) -> None:
+    settings = (
+        "SELECT current_setting('TimeZone'), current_setting('statement_timeout'),"
+        " current_setting('plan_cache_mode'), current_setting('default_transaction_isolation')"
+    )
+
+    async def main() -> list[Any]:
+        async with alkstore.open_async(
+            bouncer_session.url(), schema=schema, pooler="session", query_timeout_s=20
+        ) as store:
+            assert isinstance(store, AsyncPostgresStore)
+            async with store._db.connection() as conn:
+                found = await (await conn.execute(settings)).fetchone()
+            sub = await store.listen("jobs")
+            await store.queue("jobs").enqueue(1)
+            woken = await sub.wait(WAIT_S)
+            await sub.close()
+            return [found, woken]
+
+    assert run(main()) == [("UTC", "18s", "force_generic_plan", "read committed"), True]
+
+
+def test_transaction_mode_never_prepares_a_statement(
+    postgres_url: str, direct: PostgresStore, schema: str
+) -> None:
+    # As the sync test: two server connections for all of PgBouncer's
+    # clients, so a prepared statement would collide or miss at once.
+    async def main(url: str) -> tuple[int, list[int]]:
+        async with alkstore.open_async(
+            url, schema=schema, pooler="transaction", pool_max_size=8
+        ) as store:
+            q = store.queue("jobs")
+
+            async def work(i: int) -> int:
+                done = 0
+                for n in range(25):
+                    job = await q.get_job(await q.enqueue({"i": i, "n": n}))
+                    assert job is None or job.queue == "jobs"
+                    for handle in await q.claim_batch(f"w{i}", 2):
+                        done += await handle.ack()
+                return done
+
+            acked = sum(await asyncio.gather(*(work(i) for i in range(8))))
+            while handles := await q.claim_batch("rest", 50):
+                acked += sum([await handle.ack() for handle in handles])
+        prepared = []
+        conns = [await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(2)]
+        for conn in conns:  # both server connections at once
+            await conn.execute("BEGIN")
+            row = await (
+                await conn.execute("SELECT count(*) FROM pg_prepared_statements")
+            ).fetchone()
+            prepared.append(row[0] if row else -1)
+        for conn in conns:
+            await conn.execute("COMMIT")
+            await conn.close()
+        return acked, prepared
+
+    with pgbouncer(postgres_url, "transaction", {"default_pool_size": "2"}) as bouncer:
+        assert run(main(bouncer.url())) == (200, [0, 0])
+
+
+# -- time, compaction, cancellation ------------------------------------------
+
+
+def test_instants_come_from_the_servers_clock_and_it_is_sampled_again(
+    postgres_url: str, schema: str, admin: psycopg.Connection[Any]
+) -> None:
+    async def main() -> tuple[Any, Any, bool]:
+        async with alkstore.open_async(postgres_url, schema=schema) as store:
+            assert isinstance(store, AsyncPostgresStore)
+            q = store.queue("jobs")
+            job = await q.get_job(await q.enqueue(1))
+            assert job is not None
+            row = await asyncio.to_thread(lambda: admin.execute("SELECT now()").fetchone())
+            # The sample, a minute old: the next operation samples again.
+            base = store._server_clock._base
+            assert base is not None
+            store._server_clock._base = (base[0], base[1] - RESAMPLE_AFTER_S)
+            await q.stats()
+            resampled = store._server_clock._base is not None
+            resampled = resampled and store._server_clock._base[1] > base[1]
+            return job.enqueued_at, row[0] if row else None, resampled
+
+    enqueued_at, server_now, resampled = run(main())
+    assert abs((server_now - enqueued_at).total_seconds()) < 5
+    assert resampled
+
+
+def test_a_compaction_keeps_every_live_row_and_drops_the_dead(
+    postgres_url: str, schema: str
+) -> None:
+    async def main() -> list[Any]:
+        async with alkstore.open_async(postgres_url, schema=schema) as opened:
+            assert isinstance(opened, AsyncPostgresStore)
+            store = opened
+            q = store.queue("q")
+            await q.enqueue_many([{"n": n} for n in range(3000)])
+            handles = await q.claim_batch("w", 3000)
+            assert await q.ack_batch([h.id for h in handles]) == 3000
+            kept = await q.enqueue_many(["a", "b", "c"])
+            got: list[Any] = [
+                await compact(store, horizon_min_s=0, dead_min=10**9, interval_s=0),
+                await compact(store, horizon_min_s=0, dead_min=0, interval_s=0),
+                await compact(store, horizon_min_s=0, dead_min=0, interval_s=3600),
+            ]
+            got.append([h.id == k for h, k in zip(await q.claim_batch("w", 5), kept, strict=True)])
+            return got
+
+    assert run(main()) == [False, True, False, [True, True, True]]
+
+
+def test_a_cancelled_listen_leaves_no_channel_behind(postgres_url: str, schema: str) -> None:
+    async def main() -> tuple[set[str], set[str]]:
+        async with alkstore.open_async(postgres_url, schema=schema) as opened:
+            assert isinstance(opened, AsyncPostgresStore)
+            store = opened
+            kept = await store.listen("kept")  # the listener runs
+            task = asyncio.get_running_loop().create_task(store.listen("gone"))
+            await asyncio.sleep(0)  # it waits for its LISTEN to be in place
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            channels = set(store._listener._latches)
+            now_listening = await listening(store)
+            await kept.close()
+            return channels, now_listening
+
+    channels, now_listening = run(main())
+    assert channels == {channel_name(schema, "kept")}
+    assert now_listening == {channel_name(schema, "kept")}
 
 
 # -- the loop is never held ---------------------------------------------------
