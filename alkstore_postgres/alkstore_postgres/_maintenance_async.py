@@ -31,6 +31,7 @@ Leaving the block unlocks and closes it, on an exception too; if the
 connection dies meanwhile the server drops the lock with it. Each call on
 it is bounded by ``query_timeout_s`` (not the turn, which runs through the
 pool, each of its operations bounded in turn).
+
 The statements are in :mod:`alkstore_postgres._sql.maintenance`
 (``advisory_key`` is re-exported here).
 """

@@ -55,16 +55,7 @@ from alkstore_postgres._schema import Statement, StatementCache
 from alkstore_postgres._subscription import PostgresSubscription
 from alkstore_postgres._url import parse_url
 
-__all__ = [
-    "DEFAULT_POOL_MAX_SIZE",
-    "DEFAULT_POOL_MIN_SIZE",
-    "DEFAULT_POOL_TIMEOUT_S",
-    "DEFAULT_QUERY_TIMEOUT_S",
-    "DEFAULT_REPOLL_INTERVAL_S",
-    "ENGINE_OPTIONS",
-    "PostgresStore",
-    "open_store",
-]
+__all__ = ["PostgresStore", "open_store"]
 
 
 def _sample_clock(conn: Conn) -> tuple[datetime, float]:

@@ -54,16 +54,7 @@ from alkstore_postgres._schema import Statement, StatementCache
 from alkstore_postgres._subscription_async import AsyncPostgresSubscription
 from alkstore_postgres._url import parse_url
 
-__all__ = [
-    "DEFAULT_POOL_MAX_SIZE",
-    "DEFAULT_POOL_MIN_SIZE",
-    "DEFAULT_POOL_TIMEOUT_S",
-    "DEFAULT_QUERY_TIMEOUT_S",
-    "DEFAULT_REPOLL_INTERVAL_S",
-    "ENGINE_OPTIONS",
-    "AsyncPostgresStore",
-    "open_async_store",
-]
+__all__ = ["AsyncPostgresStore", "open_async_store"]
 
 
 async def _sample_clock(conn: AsyncConn) -> tuple[datetime, float]:

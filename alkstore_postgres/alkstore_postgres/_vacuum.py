@@ -11,6 +11,7 @@ its own transaction id ``backend_xid``), a replication slot's ``xmin`` or
 ``catalog_xmin`` (a standby with ``hot_standby_feedback``, a logical
 slot nobody reads), or a prepared transaction never committed. Sessions
 and prepared transactions count for this database, slots for every one.
+
 The statements are in :mod:`alkstore_postgres._sql.vacuum`.
 """
 

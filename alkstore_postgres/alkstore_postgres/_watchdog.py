@@ -188,16 +188,12 @@ class Guard:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.watchdog._unregister(self)
-        if not self.expired:
-            return
-        # Broken even if the block's last answer came in time.
-        conn = self.conn
-        assert isinstance(conn, psycopg.Connection), "an async connection takes async with"
-        with contextlib.suppress(Exception):
-            conn.close()
-        if isinstance(exc, psycopg.Error):
-            raise self.watchdog.timeout_error() from exc
+        if self._left():
+            conn = self.conn
+            assert isinstance(conn, psycopg.Connection), "an async connection takes async with"
+            with contextlib.suppress(Exception):
+                conn.close()
+            self._raise_for(exc)
 
     async def __aenter__(self) -> None:
         self.__enter__()
@@ -208,12 +204,19 @@ class Guard:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._left():
+            conn = self.conn
+            assert isinstance(conn, psycopg.AsyncConnection), "a sync connection takes with"
+            with contextlib.suppress(Exception):
+                await conn.close()
+            self._raise_for(exc)
+
+    def _left(self) -> bool:
+        # Whether the deadline passed: the connection was broken, and is
+        # closed now even if the block's last answer came in time.
         self.watchdog._unregister(self)
-        if not self.expired:
-            return
-        conn = self.conn
-        assert isinstance(conn, psycopg.AsyncConnection), "a sync connection takes with"
-        with contextlib.suppress(Exception):
-            await conn.close()
+        return self.expired
+
+    def _raise_for(self, exc: BaseException | None) -> None:
         if isinstance(exc, psycopg.Error):
             raise self.watchdog.timeout_error() from exc

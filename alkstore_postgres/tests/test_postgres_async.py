@@ -286,19 +286,6 @@ class Ticker:
         self._task.cancel()
 
 
-@pytest.fixture
-def proxy(postgres_url: str) -> Iterator[StallingProxy]:
-    with StallingProxy(postgres_url) as running:
-        yield running
-
-
-@pytest.fixture
-def direct(open_pg: Callable[..., PostgresStore]) -> PostgresStore:
-    """A sync store on the test's schema straight to the server (it
-    migrates the schema, so the proxied store only reads its version)."""
-    return open_pg(clock=None)
-
-
 def test_a_stalled_call_ends_within_the_bound_and_the_next_reconnects(
     proxy: StallingProxy,
     direct: PostgresStore,
