@@ -1,24 +1,33 @@
 #!/usr/bin/env python3
-"""Generate the sync contract modules from their async sources.
+"""Generate sync modules from their async sources.
 
-The async ABCs (``alkstore/alkstore/contract/*_async.py``) are written by
-hand; each sync module beside them (``queue_async.py`` -> ``queue.py``) is
-generated from it, as psycopg generates ``connection.py`` from
-``connection_async.py``, so the two cannot drift: one copy of the
-validation, resolution and backoff calls, two faces.
+The async ABCs (``alkstore/alkstore/contract/*_async.py``) and the
+PostgreSQL engine's I/O modules (``alkstore_postgres/alkstore_postgres/
+_*_async.py``) are written by hand; each sync module beside them
+(``queue_async.py`` -> ``queue.py``) is generated from it, as psycopg
+generates ``connection.py`` from ``connection_async.py``, so the two cannot
+drift: one copy of the validation, resolution and backoff calls, and of the
+engine's pool, operations and listener, two faces.
 
 The conversion is on the concrete syntax tree (libcst), so comments,
-docstrings and layout survive; then ``ruff`` sorts the imports and formats
-the result. It:
+docstrings and layout survive. It:
 
 - turns ``async def`` into ``def``, ``async with``/``async for`` into
-  ``with``/``for`` and ``await x`` into ``x``;
+  ``with``/``for``, ``await x`` into ``x`` and the type ``Awaitable[T]``
+  into ``T``;
 - renames identifiers by :data:`NAMES` (``AsyncQueue`` -> ``Queue``,
   ``__aenter__`` -> ``__enter__`` ...), also inside strings, docstrings and
   comments (whole words only), and imports of ``*_async`` modules;
-- drops the body of ``if is_async():`` keeping its ``else:`` (nothing uses
-  it yet; it is the escape hatch for code that must differ);
-- writes a header saying the file is generated, from what, by what.
+- drops the body of ``if is_async():`` keeping its ``else:`` (the escape
+  hatch for code that must differ); a call in such an ``else:`` that only
+  the sync module runs carries ``# type: ignore[unused-coroutine]`` in the
+  async source (there it is a coroutine nobody awaits), and the conversion
+  drops that comment;
+- writes a header saying the file is generated, from what, by what;
+- then ``ruff`` sorts the imports, drops those left unused, joins the
+  ``with`` statements the conversion left nested (a sync context manager
+  around an ``async with``, such as ``contextlib.suppress``) and formats the
+  result.
 
 Usage::
 
@@ -48,6 +57,25 @@ SOURCES = (
     "alkstore/alkstore/contract/queue_async.py",
     "alkstore/alkstore/contract/subscription_async.py",
     "alkstore/alkstore/contract/store_async.py",
+    # The PostgreSQL engine (docs/async.md "How the engines do it").
+    *(
+        f"alkstore_postgres/alkstore_postgres/_{name}_async.py"
+        for name in (
+            "clock",
+            "database",
+            "migrate",
+            "listener",
+            "handle",
+            "queue",
+            "operations",
+            "schedules",
+            "maintenance",
+            "compact",
+            "vacuum",
+            "subscription",
+            "store",
+        )
+    ),
 )
 
 #: Identifier renames, applied to names, attributes, strings and comments.
@@ -62,7 +90,47 @@ NAMES = {
     "__aexit__": "__exit__",
     "open_async": "open",
     "check_async_store": "check_store",
+    "asynccontextmanager": "contextmanager",
+    # psycopg and psycopg_pool, which pair their classes the same way.
+    "AsyncConnection": "Connection",
+    "AsyncConnectionPool": "ConnectionPool",
+    "AsyncCursor": "Cursor",
+    "AsyncRawCursor": "RawCursor",
+    # The PostgreSQL engine's classes.
+    "AsyncPostgresStore": "PostgresStore",
+    "AsyncDatabase": "Database",
+    "AsyncConn": "Conn",
+    "AsyncServerClock": "ServerClock",
+    "AsyncCompactor": "Compactor",
+    "AsyncListener": "Listener",
+    "AsyncSample": "Sample",
+    "AsyncPostgresQueue": "PostgresQueue",
+    "AsyncPostgresJobHandle": "PostgresJobHandle",
+    "AsyncPostgresSubscription": "PostgresSubscription",
+    "open_async_store": "open_store",
+    # Its modules imported as names (``from alkstore_postgres import ...``).
+    "_operations_async": "_operations",
+    "_schedules_async": "_schedules",
+    "_vacuum_async": "_vacuum",
+    # alkstore_postgres._acompat's pairs (as psycopg_pool's _acompat).
+    "ALock": "Lock",
+    "AEvent": "Event",
+    "ACondition": "Condition",
+    "AWorker": "Worker",
+    "ABusy": "Busy",
+    "AWaker": "Waker",
+    "AWakeLatch": "WakeLatch",
+    "aspawn": "spawn",
+    "afrom_thread": "from_thread",
+    "ajoin": "join",
+    "asleep": "sleep",
+    "wait_timeout": "wait",
+    "wait_for_timeout": "wait_for",
 }
+
+#: The comment that marks a call only the sync module runs (see the module
+#: docstring); the conversion drops it.
+SYNC_ONLY_CALL = "# type: ignore[unused-coroutine]"
 
 _WORDS = re.compile(r"\b(" + "|".join(re.escape(k) for k in NAMES) + r")\b")
 
@@ -107,6 +175,21 @@ class AsyncToSync(cst.CSTTransformer):
         # not needed around the bare primary.
         return updated_node.expression
 
+    def leave_Subscript(
+        self, original_node: cst.Subscript, updated_node: cst.Subscript
+    ) -> cst.BaseExpression:
+        # ``Awaitable[T]`` (what an async callable returns) is ``T``.
+        value = updated_node.value
+        elements = updated_node.slice
+        if (
+            isinstance(value, cst.Name)
+            and value.value == "Awaitable"
+            and len(elements) == 1
+            and isinstance(elements[0].slice, cst.Index)
+        ):
+            return elements[0].slice.value
+        return updated_node
+
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
         return updated_node.with_changes(value=NAMES.get(updated_node.value, updated_node.value))
 
@@ -122,6 +205,14 @@ class AsyncToSync(cst.CSTTransformer):
 
     def leave_Comment(self, original_node: cst.Comment, updated_node: cst.Comment) -> cst.Comment:
         return updated_node.with_changes(value=rename_words(updated_node.value))
+
+    def leave_TrailingWhitespace(
+        self, original_node: cst.TrailingWhitespace, updated_node: cst.TrailingWhitespace
+    ) -> cst.TrailingWhitespace:
+        comment = updated_node.comment
+        if comment is not None and comment.value == SYNC_ONLY_CALL:
+            return updated_node.with_changes(whitespace=cst.SimpleWhitespace(""), comment=None)
+        return updated_node
 
     def leave_ImportFrom(
         self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom
@@ -180,7 +271,7 @@ def _ruff(code: str, filename: Path) -> str:
         ruff = shutil.which("ruff") or "ruff"
     stdin_name = str(filename)
     for args in (
-        ["check", "--select", "I,F401", "--fix", "--quiet", "--exit-zero"],
+        ["check", "--select", "I,F401,SIM117", "--fix", "--quiet", "--exit-zero"],
         ["format", "--quiet"],
     ):
         done = subprocess.run(

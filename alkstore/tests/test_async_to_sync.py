@@ -1,5 +1,6 @@
-"""tools/async_to_sync.py: the sync contract modules are generated from the
-async ones, and ``--check`` catches a generated file edited by hand."""
+"""tools/async_to_sync.py: the sync contract modules and the PostgreSQL
+engine's sync I/O modules are generated from the async ones, and
+``--check`` catches a generated file edited by hand."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ from test_async import ROOT, TOOL
 
 CONTRACT = ROOT / "alkstore/alkstore/contract"
 GENERATED = ["handle", "queue", "subscription", "store"]
+ENGINE = ROOT / "alkstore_postgres/alkstore_postgres"
+#: Every async source of the PostgreSQL engine (``_queue_async.py`` ...),
+#: by the name of the module generated from it (``_queue``).
+ENGINE_GENERATED = sorted(p.name[: -len("_async.py")] for p in ENGINE.glob("_*_async.py"))
 
 
 def check(*sources: Path) -> subprocess.CompletedProcess[str]:
@@ -36,11 +41,17 @@ def test_the_committed_sync_modules_are_generated_from_their_sources() -> None:
         )
 
 
-@pytest.mark.parametrize("name", GENERATED)
-def test_check_fails_on_a_hand_edited_generated_file(tmp_path: Path, name: str) -> None:
+@pytest.mark.parametrize(
+    ("folder", "name"),
+    [(CONTRACT, name) for name in GENERATED] + [(ENGINE, name) for name in ENGINE_GENERATED],
+    ids=[*GENERATED, *ENGINE_GENERATED],
+)
+def test_check_fails_on_a_hand_edited_generated_file(
+    tmp_path: Path, folder: Path, name: str
+) -> None:
     source = tmp_path / f"{name}_async.py"
-    shutil.copy(CONTRACT / f"{name}_async.py", source)
-    shutil.copy(CONTRACT / f"{name}.py", tmp_path / f"{name}.py")
+    shutil.copy(folder / f"{name}_async.py", source)
+    shutil.copy(folder / f"{name}.py", tmp_path / f"{name}.py")
     assert check(source).returncode == 0
     generated = tmp_path / f"{name}.py"
     text = generated.read_text()
@@ -52,6 +63,66 @@ def test_check_fails_on_a_hand_edited_generated_file(tmp_path: Path, name: str) 
     # Regenerating restores the committed text exactly.
     subprocess.run([sys.executable, str(ROOT / "tools/async_to_sync.py"), str(source)], check=True)
     assert generated.read_text() == text
+
+
+def test_every_async_source_of_the_engine_is_converted() -> None:
+    assert len(ENGINE_GENERATED) >= 13, ENGINE_GENERATED
+    sources = {(ROOT / source).resolve() for source in TOOL.SOURCES}
+    for name in ENGINE_GENERATED:
+        assert (ENGINE / f"{name}_async.py").resolve() in sources, name
+        text = (ENGINE / f"{name}.py").read_text()
+        assert text.startswith(
+            f"# WARNING: generated from {name}_async.py by tools/async_to_sync.py"
+        ), name
+
+
+def test_engine_conversion_rules(tmp_path: Path) -> None:
+    """The rules the engine's sources use beyond the contract's: psycopg's
+    and the compat module's pairs, ``Awaitable[T]``, a sync-only call's
+    comment, module names, and nested ``with`` statements joined."""
+    source = textwrap.dedent(
+        """\
+        from __future__ import annotations
+
+        import contextlib
+        from collections.abc import Awaitable, Callable
+
+        import psycopg
+        from psycopg_pool import AsyncConnectionPool
+
+        from alkstore_postgres import _operations_async
+        from alkstore_postgres._acompat import ALock, aspawn, is_async
+
+
+        class AsyncPostgresStore:
+            def __init__(self, connect: Callable[[], Awaitable[int]]) -> None:
+                self._lock = ALock()
+                self._pool: AsyncConnectionPool | None = None
+                if is_async():
+                    self._later = True
+                else:
+                    self._open()  # type: ignore[unused-coroutine]
+
+            async def _open(self) -> None:
+                with contextlib.suppress(psycopg.Error):
+                    async with self._lock:
+                        await _operations_async.queue_names(self)
+                aspawn(self._open)
+        """
+    )
+    path = tmp_path / "thing_async.py"
+    out = TOOL.convert(source, path.name, path)
+    assert "from psycopg_pool import ConnectionPool\n" in out
+    assert "from alkstore_postgres import _operations\n" in out
+    assert "from alkstore_postgres._acompat import Lock, spawn\n" in out
+    assert "class PostgresStore:" in out
+    assert "def __init__(self, connect: Callable[[], int]) -> None:" in out
+    assert "        self._open()\n" in out
+    assert "type: ignore" not in out
+    assert "self._later" not in out
+    assert "with contextlib.suppress(psycopg.Error), self._lock:" in out
+    assert "_operations.queue_names(self)" in out
+    assert "spawn(self._open)" in out
 
 
 def test_conversion_rules(tmp_path: Path) -> None:

@@ -1,3 +1,5 @@
+# WARNING: generated from _clock_async.py by tools/async_to_sync.py.
+# Do not edit: change _clock_async.py, then run `python tools/async_to_sync.py`.
 """The database server's clock, tracked locally (docs/contract.md §3 "Time").
 
 Without an injected ``clock=``, every instant the engine uses comes from the
@@ -13,46 +15,45 @@ Two hosts agree to within their round trips' half-widths (typically well
 under a millisecond on a LAN). Every operation reads this clock once and
 passes the instant to its statement as a parameter, exactly as with an
 injected clock, so one store never mixes two time sources.
+
+The arithmetic is :class:`~alkstore_postgres._clock_sample.ClockSample`,
+shared; this module takes the samples, one at a time. It is one source for
+two modules (docs/async.md "How the engines do it"): ``_clock_async`` is
+written by hand, ``_clock`` is generated from it.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
-__all__ = ["RESAMPLE_AFTER_S", "ServerClock", "Sample"]
+from alkstore_postgres._acompat import Lock
+from alkstore_postgres._clock_sample import RESAMPLE_AFTER_S, ClockSample
 
-#: Seconds after which the server's clock is sampled again.
-RESAMPLE_AFTER_S = 60.0
+__all__ = ["RESAMPLE_AFTER_S", "Sample", "ServerClock"]
 
 #: Reads the server's clock: returns its instant and the local monotonic
 #: instant (seconds) at the middle of the round trip.
 Sample = Callable[[], tuple[datetime, float]]
 
 
-class ServerClock:
+class ServerClock(ClockSample):
     """The server's current time, from a sample and the monotonic clock.
 
     Parameters
     ----------
     sample
-        Reads the server's clock (see :data:`Sample`); called at most once
-        per :data:`RESAMPLE_AFTER_S` seconds, under a lock.
+        Reads the server's clock (see :data:`Sample`); called at most
+        once per :data:`RESAMPLE_AFTER_S` seconds, under a lock.
     monotonic
         The local monotonic clock, in seconds (tests pass a fake one).
     """
 
     def __init__(self, sample: Sample, monotonic: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(monotonic)
         self._sample = sample
-        self._monotonic = monotonic
-        self._lock = threading.Lock()
-        self._base: tuple[datetime, float] | None = None
-
-    def set_sample(self, server: datetime, monotonic_s: float) -> None:
-        """Use a sample taken elsewhere (at open, on a connection at hand)."""
-        self._base = (server.astimezone(UTC), monotonic_s)
+        self._lock = Lock()
 
     def now(self, sample: Sample | None = None) -> datetime:
         """The server's current time, aware UTC.
@@ -69,14 +70,10 @@ class ServerClock:
         EngineError
             If a needed re-sample fails.
         """
-        base = self._base
-        now_s = self._monotonic()
-        if base is None or now_s - base[1] >= RESAMPLE_AFTER_S:
+        now = self.reading()
+        if now is None:
             with self._lock:
-                base = self._base
-                if base is None or self._monotonic() - base[1] >= RESAMPLE_AFTER_S:
-                    server, mid_s = (sample or self._sample)()
-                    base = self._base = (server.astimezone(UTC), mid_s)
-            now_s = self._monotonic()
-        server, mid_s = base
-        return server + timedelta(seconds=now_s - mid_s)
+                now = self.reading()
+                if now is None:
+                    now = self.set_sample(*(sample or self._sample)())
+        return now

@@ -1,4 +1,10 @@
-"""Connections: the pool every operation borrows from, and error wrapping.
+"""Connections, the parts that do no I/O: the parameters and session
+settings of the engine's connections, error wrapping, the bytea-array
+dumper, and the checks whose statements the connection layer runs.
+
+Shared by the async connection layer (:mod:`alkstore_postgres._database_async`)
+and the sync one generated from it (:mod:`alkstore_postgres._database`),
+which hold the pool, the direct connections and the watchdog.
 
 Pool connections run in autocommit mode, so each queue operation is one
 statement and one round trip: the statement is its own transaction (no
@@ -26,100 +32,56 @@ statement is prepared (:func:`connection_params`); docs/deployment.md
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import os
 import select
 import struct
-import threading
-import time
-import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any, TypeAlias
 
 import psycopg
 from psycopg.adapt import Dumper
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.pq import Format
-from psycopg.rows import TupleRow, tuple_row
-from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
+from psycopg.pq import Format, TransactionStatus
 
-from alkstore.errors import EngineError, StoreClosedError
-from alkstore_postgres._watchdog import Guard, Watchdog
+from alkstore.errors import EngineError, ValidationError
 
 __all__ = [
-    "ByteaArray",
-    "Conn",
-    "Database",
-    "DatabaseIdentity",
-    "database_identity",
-    "drop_inherited",
+    "DATABASE_IDENTITY",
+    "DEFAULT_ISOLATION",
+    "END_SESSIONS",
     "POOLERS",
-    "check_pooled_server",
+    "POOL_MAX_IDLE_S",
+    "RECONNECT_EVERY_S",
+    "STATEMENT_TIMEOUT_FRACTION",
+    "ByteaArray",
+    "DatabaseIdentity",
+    "check_tx_connection",
     "connection_params",
+    "drop_inherited",
     "engine_error",
+    "idle_and_alive",
+    "keep_inherited",
+    "no_connection_error",
+    "pooled_server_error",
+    "register_dumpers",
     "session_setup",
+    "startup_options_refused",
     "wrap_errors",
 ]
-
-log = logging.getLogger("alkstore.postgres")
-
-#: A psycopg connection returning rows as tuples.
-Conn: TypeAlias = psycopg.Connection[TupleRow]
-
-
-class _PoolConnection(psycopg.Connection[TupleRow]):
-    """The pool's connection class: a connect that fails is handed to the
-    ``on_connect_error`` callable the pool's kwargs carry (the pool's own
-    connects run on its threads and only log their errors), so that an
-    operation that gets no connection in time can say why."""
-
-    @classmethod
-    def connect(  # type: ignore[override]
-        cls, conninfo: str = "", *, on_connect_error: Callable[[psycopg.Error], None], **kwargs: Any
-    ) -> _PoolConnection:
-        try:
-            return super().connect(conninfo, **kwargs)
-        except psycopg.Error as error:
-            on_connect_error(error)
-            raise
-
-
-def _idle_and_alive(conn: Conn) -> bool:
-    if conn.closed:
-        return False
-    try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    except (OSError, ValueError, psycopg.Error):
-        return False
-    return not readable
-
 
 #: What tells one database from another: the running server's start time
 #: and the database's name.
 DatabaseIdentity: TypeAlias = tuple[datetime, str]
 
 
-def database_identity(conn: psycopg.Connection[Any]) -> DatabaseIdentity:
-    """The identity of the database ``conn`` is on.
-
-    Read with functions every role may call and that cannot fail, so that
-    asking on an application's connection never aborts its transaction.
-    Two servers never started in the same microsecond; a restart changes
-    the identity (callers holding an older one read theirs again).
-
-    Raises
-    ------
-    psycopg.Error
-        If the connection fails.
-    """
-    with conn.cursor(row_factory=tuple_row) as cur:
-        row = cur.execute(
-            "SELECT pg_postmaster_start_time(), current_database()", binary=True
-        ).fetchone()
-    assert row is not None
-    return row[0], row[1]
+#: Reads the identity of the database a connection is on, with functions
+#: every role may call and that cannot fail, so that asking on an
+#: application's connection never aborts its transaction. Two servers never
+#: started in the same microsecond; a restart changes the identity (callers
+#: holding an older one read theirs again).
+DATABASE_IDENTITY = "SELECT pg_postmaster_start_time(), current_database()"
 
 
 # SQLSTATEs after which a retry cannot succeed until someone steps in: the
@@ -222,6 +184,12 @@ class _ByteaArrayDumper(Dumper):
             parts.append(_ITEM_LENGTH.pack(len(item)))
             parts.append(item)
         return b"".join(parts)
+
+
+def register_dumpers(conn: psycopg.BaseConnection[Any]) -> None:
+    """Register the engine's dumpers (:class:`ByteaArray`) on one of its
+    connections."""
+    conn.adapters.register_dumper(ByteaArray, _ByteaArrayDumper)
 
 
 # Settings the engine's statements rely on, whatever the URL, PGOPTIONS or
@@ -357,366 +325,88 @@ def session_setup(query_timeout_s: float, pooler: str | None) -> str | None:
     return f"SELECT {calls}"
 
 
-def check_pooled_server(conn: Conn, pooler: str | None) -> None:
-    """Behind a transaction pooler, where the engine cannot set it, check
-    that the server's own ``default_transaction_isolation`` is ``read
+#: Reads the server's default isolation level (see
+#: :func:`pooled_server_error`).
+DEFAULT_ISOLATION = "SELECT current_setting('default_transaction_isolation')"
+
+
+def pooled_server_error(isolation: str) -> EngineError | None:
+    """Behind a transaction pooler, where the engine cannot set it, the
+    server's own ``default_transaction_isolation`` must be ``read
     committed``, which the claim's ``SKIP LOCKED`` walks and the guarded
-    updates need (see ``_SESSION_SETTINGS``).
+    updates need (see ``_SESSION_SETTINGS``): the error (permanent) for
+    another level read by :data:`DEFAULT_ISOLATION`, else ``None``."""
+    if isolation == "read committed":
+        return None
+    return EngineError(
+        f"the server's default_transaction_isolation is {isolation!r}, and behind a "
+        "transaction pooler the engine cannot set it per session: the engine needs "
+        "'read committed' (ALTER ROLE ... SET default_transaction_isolation = "
+        "'read committed')",
+        permanent=True,
+    )
 
-    Raises
-    ------
-    EngineError
-        (permanent) If it is another level.
-    psycopg.Error
-        If the database fails.
-    """
-    if pooler != "transaction":
-        return
-    row = conn.execute("SELECT current_setting('default_transaction_isolation')").fetchone()
-    if row is not None and row[0] != "read committed":
-        raise EngineError(
-            f"the server's default_transaction_isolation is {row[0]!r}, and behind a "
-            "transaction pooler the engine cannot set it per session: the engine needs "
-            "'read committed' (ALTER ROLE ... SET default_transaction_isolation = "
-            "'read committed')",
-            permanent=True,
+
+def startup_options_refused(error: psycopg.OperationalError) -> EngineError | None:
+    """The error (permanent) of a connect that PgBouncer refused for the
+    startup ``options`` the engine sends to a direct server, else ``None``."""
+    if "unsupported startup parameter" not in str(error):
+        return None
+    return EngineError(
+        f"{engine_error(error)} (PgBouncer refuses the startup options "
+        "the engine sends to a direct server: open the store with "
+        "pooler='transaction' or pooler='session')",
+        permanent=True,
+    )
+
+
+def no_connection_error(
+    failed: tuple[float, psycopg.Error] | None,
+    waited_since: float,
+    timeout_s: float,
+    max_size: int,
+) -> EngineError:
+    """Why no pooled connection came within ``timeout_s`` (the pool's
+    ``timeout``) to an operation waiting since ``waited_since`` (monotonic
+    seconds): the connects the pool tried meanwhile failed (``failed``, the
+    last failed connect: when, and the error; the server is down, or out of
+    slots), or every one of the ``max_size`` connections was in use."""
+    if failed is not None and failed[0] >= waited_since:
+        cause = engine_error(failed[1])
+        return EngineError(
+            f"no connection within pool_timeout_s ({timeout_s:g} s): connecting failed: {cause}",
+            permanent=cause.permanent,
         )
+    return EngineError(
+        f"no connection within pool_timeout_s ({timeout_s:g} s): all "
+        f"{max_size} of the pool's connections (pool_max_size) were in use"
+    )
 
 
-# Only sessions of this role on this database, never this one.
-_END_SESSIONS = """
+def idle_and_alive(conn: psycopg.BaseConnection[Any]) -> bool:
+    """Whether an idle autocommit connection looks usable: open, and
+    nothing to read on its socket (data there is the server's goodbye:
+    restart, ``pg_terminate_backend``, idle timeout, or an error the
+    kernel's keepalives found). A zero-timeout poll: no wait."""
+    if conn.closed:
+        return False
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return False
+    return not readable
+
+
+#: Ends the sessions of the given server process ids, only those of this
+#: role on this database, never this one (see ``Database._end_sessions``).
+END_SESSIONS = """
     SELECT pg_terminate_backend(pid) FROM pg_stat_activity
     WHERE pid = ANY(%s) AND pid <> pg_backend_pid()
       AND usename = current_user AND datname = current_database()
 """
 
 
-class Database:
-    """The connections of one store: a pool for operations, and direct
-    connections for migrations, maintenance turns and the LISTEN connection;
-    and the watchdog bounding every call on them.
-
-    Parameters
-    ----------
-    conninfo
-        The libpq connection string (URL).
-    min_size, max_size
-        The pool's bounds, in connections.
-    timeout_s
-        Seconds an operation waits for a pooled connection.
-    query_timeout_s
-        Seconds any one call (an operation's statements, a connect) may wait
-        for the server (see :func:`connection_params` and
-        :class:`~alkstore_postgres._watchdog.Watchdog`).
-    name
-        The pool's name, for psycopg_pool's logs.
-    pooler
-        ``None`` (the server itself), or the ``pool_mode`` of the PgBouncer
-        the URL reaches, ``"session"`` or ``"transaction"`` (see
-        :func:`connection_params` and :func:`session_setup`).
-    """
-
-    def __init__(
-        self,
-        conninfo: str,
-        *,
-        min_size: int,
-        max_size: int,
-        timeout_s: float,
-        query_timeout_s: float,
-        name: str,
-        pooler: str | None = None,
-    ) -> None:
-        self.conninfo = conninfo
-        #: ``None`` (a direct server), ``"session"`` or ``"transaction"``.
-        self.pooler = pooler
-        self._setup = session_setup(query_timeout_s, pooler)
-        self.timeout_s = timeout_s
-        self.query_timeout_s = query_timeout_s
-        self._min_size = min_size
-        self._max_size = max_size
-        self._name = name
-        self._params = connection_params(conninfo, query_timeout_s, pooler)
-        # This process's pooled connections (see _configure), with when each
-        # was made (monotonic seconds).
-        self._connections: weakref.WeakKeyDictionary[Conn, float] = weakref.WeakKeyDictionary()
-        # Connections made before this instant are suspect: a call on one of
-        # the store's connections got no answer within the bound then.
-        self._suspect_before = -math.inf
-        # The pool's last failed connect: (monotonic seconds, the error).
-        self._connect_failed: tuple[float, psycopg.Error] | None = None
-        #: Called once a call got no answer in time (from the watchdog's
-        #: thread): the LISTEN connection is checked then too.
-        self.on_dead_connection: list[Callable[[], None]] = []
-        #: Bounds every call on the store's connections.
-        self.watchdog = Watchdog(
-            query_timeout_s, name=f"{name}-watchdog", on_expiry=self._connection_died
-        )
-        self._pool = self._new_pool()
-        self._opened = False
-        self._closed = False
-        # Set in a forked child: open the new pool at its first use.
-        self._open_in_child = False
-        self._fork_lock = threading.Lock()
-        _databases.add(self)
-
-    def _new_pool(self) -> ConnectionPool[_PoolConnection]:
-        # The pool opens connections as operations wait for one, up to
-        # max_size, and closes those unused for POOL_MAX_IDLE_S.
-        return ConnectionPool(
-            self.conninfo,
-            connection_class=_PoolConnection,
-            kwargs={**self._params, "on_connect_error": self._record_connect_error},
-            configure=self._configure,
-            min_size=self._min_size,
-            max_size=self._max_size,
-            max_idle=POOL_MAX_IDLE_S,
-            timeout=self.timeout_s,
-            # A failed connect is tried once more, then given up (see _take).
-            reconnect_timeout=RECONNECT_EVERY_S,
-            open=False,
-            name=self._name,
-        )
-
-    def _record_connect_error(self, error: psycopg.Error) -> None:
-        self._connect_failed = (time.monotonic(), error)
-
-    def _configure(self, conn: Conn) -> None:
-        conn.adapters.register_dumper(ByteaArray, _ByteaArrayDumper)
-        self._set_up(conn)
-        self._connections[conn] = time.monotonic()
-
-    def _set_up(self, conn: Conn) -> None:
-        # Behind a pooler, the session settings (session_setup); explicit
-        # transactions say their isolation level, whatever the session's.
-        if self._setup is not None:
-            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
-            with self.guard(conn):
-                conn.execute(self._setup)
-
-    def _connection_died(self, backend_pids: list[int]) -> None:
-        # The store's other connections most likely share the dead one's
-        # path (a proxy, a NAT entry, a failed-over server): each is
-        # replaced when next borrowed rather than costing a caller the
-        # whole bound again.
-        self._suspect_before = time.monotonic()
-        log.warning(
-            "PostgreSQL did not answer within query_timeout_s (%g s): %d connection(s) "
-            "dropped; the store's older connections are replaced as they are next used",
-            self.query_timeout_s,
-            len(backend_pids),
-        )
-        for callback in list(self.on_dead_connection):
-            with contextlib.suppress(Exception):
-                callback()
-        threading.Thread(
-            target=self._end_sessions,
-            args=([pid for pid in backend_pids if pid],),
-            name=f"{self._name}-end-sessions",
-            daemon=True,
-        ).start()
-
-    def _end_sessions(self, backend_pids: list[int]) -> None:
-        # A session whose connection was given up on may live on at the
-        # server (behind a proxy or NAT that stopped forwarding, nothing
-        # reaches it), holding its locks (a maintenance turn's advisory
-        # lock, a migration's) and a connection slot until the server's own
-        # keepalives notice, by default after hours. Ended through a new
-        # connection, which may well get through; best effort.
-        # Behind a pooler the process ids are the pooler's own inventions.
-        if not backend_pids or self.pooler is not None:
-            return
-        try:
-            conn = self.connect(application_name="alkstore-cleanup")
-            try:
-                with self.guard(conn):
-                    conn.execute(_END_SESSIONS, [backend_pids])
-            finally:
-                conn.close()
-        except Exception as error:
-            log.info("could not end the abandoned sessions %s: %s", backend_pids, error)
-
-    def guard(self, conn: Conn) -> Guard:
-        """Bound the calls on ``conn`` inside the ``with`` block to
-        ``query_timeout_s`` in all (see
-        :meth:`~alkstore_postgres._watchdog.Watchdog.guard`).
-
-        Raises
-        ------
-        EngineError
-            On leaving, when the bound passed and the block failed.
-        """
-        return self.watchdog.guard(conn)
-
-    def open(self) -> None:
-        """Start the pool; its connections are made in the background."""
-        with wrap_errors():
-            self._pool.open(wait=False)
-        self._opened = True
-
-    @contextlib.contextmanager
-    def connection(self) -> Iterator[Conn]:
-        """Borrow an autocommit connection for one operation, whose calls
-        may take ``query_timeout_s`` in all.
-
-        Raises
-        ------
-        EngineError
-            For any driver error inside, no connection within the pool's
-            timeout, or no answer within ``query_timeout_s`` (the connection
-            is then dropped).
-        StoreClosedError
-            If the pool was closed (the store is closed).
-        """
-        try:
-            conn = self._getconn()
-        except PoolClosed as error:
-            raise StoreClosedError("the store is closed") from error
-        except psycopg.Error as error:
-            raise engine_error(error) from error
-        try:
-            with self.watchdog.guard(conn):
-                yield conn
-        except psycopg.Error as error:
-            raise engine_error(error, query_timeout_s=self.query_timeout_s) from error
-        finally:
-            # The pool replaces a broken or closed connection (the guard
-            # closes one it broke). Every engine block ends its transactions
-            # itself, so nothing is left for the pool to roll back.
-            self._pool.putconn(conn)
-
-    def _getconn(self) -> _PoolConnection:
-        if self._open_in_child:
-            with self._fork_lock:
-                if self._open_in_child:
-                    with wrap_errors():
-                        self._pool.open(wait=False)
-                    self._open_in_child = False
-        # An idle autocommit connection has nothing to read: data waiting on
-        # its socket is the server's goodbye (restart, pg_terminate_backend,
-        # idle timeout, or an error the kernel's keepalives found). Such
-        # connections are dropped here, at the cost of a zero-timeout poll,
-        # instead of failing the operation that would take them; so are the
-        # connections made before a call on another one went unanswered.
-        for _ in range(self._max_size):
-            conn = self._take()
-            if self._connections.get(conn, math.inf) > self._suspect_before and _idle_and_alive(
-                conn
-            ):
-                return conn
-            conn.close()
-            self._pool.putconn(conn)
-        return self._take()
-
-    def _take(self) -> _PoolConnection:
-        # psycopg_pool tries a failed connect again after a pause that
-        # doubles each time (1, 2, 4, 8 ... s): a server back after an
-        # outage of 7 s would be tried 8 s later, and every operation waiting
-        # for a connection would wait with it. So the pool gives a failed
-        # connect up after its second try (reconnect_timeout), and an
-        # operation waiting for a connection asks again every
-        # RECONNECT_EVERY_S, which makes the pool start a new connect at
-        # once: the server is tried about once a second for as long as
-        # anyone waits, however long it was away; still within timeout_s.
-        started = time.monotonic()
-        deadline = started + self.timeout_s
-        while True:
-            wait_s = min(deadline - time.monotonic(), RECONNECT_EVERY_S)
-            try:
-                return self._pool.getconn(max(wait_s, 0.001))
-            except PoolTimeout:
-                if time.monotonic() >= deadline:
-                    raise self._no_connection(started) from None
-
-    def _no_connection(self, waited_since: float) -> EngineError:
-        # Why no connection came within timeout_s: the connects the pool
-        # tried meanwhile failed (the server is down, or out of slots), or
-        # every connection was in use.
-        failed = self._connect_failed
-        if failed is not None and failed[0] >= waited_since:
-            cause = engine_error(failed[1])
-            return EngineError(
-                f"no connection within pool_timeout_s ({self.timeout_s:g} s): "
-                f"connecting failed: {cause}",
-                permanent=cause.permanent,
-            )
-        return EngineError(
-            f"no connection within pool_timeout_s ({self.timeout_s:g} s): all "
-            f"{self._max_size} of the pool's connections (pool_max_size) were in use"
-        )
-
-    def connect(self, **kwargs: Any) -> Conn:
-        """Open a direct autocommit connection (not from the pool), with the
-        pool's parameters and session settings; guard its calls with
-        :meth:`guard`. Behind a pooler it is a client of the pooler too.
-
-        Raises
-        ------
-        EngineError
-            If the connection fails (or takes longer than its
-            ``connect_timeout``).
-        """
-        with wrap_errors():
-            try:
-                conn = psycopg.Connection.connect(self.conninfo, **{**self._params, **kwargs})
-            except psycopg.OperationalError as error:
-                if self.pooler is None and "unsupported startup parameter" in str(error):
-                    raise EngineError(
-                        f"{engine_error(error)} (PgBouncer refuses the startup options "
-                        "the engine sends to a direct server: open the store with "
-                        "pooler='transaction' or pooler='session')",
-                        permanent=True,
-                    ) from error
-                raise
-        try:
-            with wrap_errors():
-                self._set_up(conn)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    def connect_direct(self, conninfo: str, **kwargs: Any) -> Conn:
-        """Open an autocommit connection to ``conninfo``, a server reached
-        without a pooler (the LISTEN connection's ``listen_url``), with the
-        parameters of a direct connection; guard its calls with
-        :meth:`guard`.
-
-        Raises
-        ------
-        EngineError
-            If the connection fails.
-        """
-        params = connection_params(conninfo, self.query_timeout_s)
-        with wrap_errors():
-            return psycopg.Connection.connect(conninfo, **{**params, **kwargs})
-
-    def close(self) -> None:
-        """Close the pool; connections in use close when given back (their
-        calls stay bounded)."""
-        self._closed = True
-        try:
-            self._pool.close()
-        finally:
-            self.watchdog.close()
-
-    def _after_fork_in_child(self) -> None:
-        # The pool's connections share their sessions with the parent: using
-        # one would mix two processes' messages on one session, and closing
-        # one would end the parent's. Drop them (see drop_inherited), and
-        # give this process a pool of its own, opened at its first use (a
-        # child that only execs opens nothing) (D15).
-        for conn in list(self._connections):
-            drop_inherited(conn)
-        _inherited.append(self._pool)
-        self._connections = weakref.WeakKeyDictionary()
-        self.watchdog._after_fork_in_child()
-        self._pool = self._new_pool()
-        self._fork_lock = threading.Lock()
-        self._open_in_child = self._opened and not self._closed
-
-
-def drop_inherited(conn: Conn) -> None:
+def drop_inherited(conn: psycopg.BaseConnection[Any]) -> None:
     """In a forked child, close this process's copy of ``conn``'s socket
     without a word to the server (psycopg's close would end the parent's
     session): the session is the parent's alone again, and ends when the
@@ -729,16 +419,56 @@ def drop_inherited(conn: Conn) -> None:
     _inherited.append(conn)
 
 
-# Every Database of this process, to replace its pool in a forked child.
-_databases: weakref.WeakSet[Database] = weakref.WeakSet()
 # What a forked child inherited (pools, connections), referenced so that no
 # finalizer of theirs runs in the child.
 _inherited: list[object] = []
 
 
-def _after_fork_in_child() -> None:
-    for database in list(_databases):
-        database._after_fork_in_child()
+def keep_inherited(thing: object) -> None:
+    """Keep ``thing`` (a pool a forked child inherited) referenced for the
+    process's lifetime, so that no finalizer of it runs in the child."""
+    _inherited.append(thing)
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+# Why a connection cannot take an enqueue_tx, by its transaction status.
+_NOT_IN_A_TRANSACTION = {
+    TransactionStatus.IDLE: "not inside a transaction (BEGIN first, or use conn.transaction())",
+    TransactionStatus.INERROR: "inside a failed transaction",
+    TransactionStatus.ACTIVE: "busy running a command",
+    TransactionStatus.UNKNOWN: "closed or broken",
+}
+
+
+def check_tx_connection(conn: object, wanted: type[psycopg.BaseConnection[Any]]) -> None:
+    """Check the caller's connection of ``enqueue_tx`` before any statement
+    (docs/contract.md §3 "Transactional enqueue"): a ``wanted``
+    (``psycopg.Connection`` for the sync store, ``psycopg.AsyncConnection``
+    for the async one), inside an open transaction, or idle outside
+    autocommit (psycopg then begins the transaction before the enqueue's
+    statement, as before the caller's own first one).
+
+    Raises
+    ------
+    ValidationError
+        For any other object (the other kind of psycopg connection named as
+        such, with the store that takes it), or a connection in no
+        transaction, in a failed one, busy, closed or broken.
+    """
+    if not isinstance(conn, wanted):
+        what = f"{type(conn).__module__}.{type(conn).__qualname__}"
+        hint = ""
+        if isinstance(conn, psycopg.AsyncConnection):
+            what = "a psycopg.AsyncConnection"
+            hint = ": an AsyncConnection goes with the async store (alkstore.open_async)"
+        elif isinstance(conn, psycopg.Connection):
+            what = "a psycopg.Connection"
+            hint = ": a sync Connection goes with the sync store (alkstore.open)"
+        raise ValidationError(
+            f"enqueue_tx needs a psycopg.{wanted.__name__} (psycopg 3) to the store's "
+            f"database, not {what}{hint}"
+        )
+    status = conn.info.transaction_status
+    begins = status == TransactionStatus.IDLE and not conn.autocommit
+    if status != TransactionStatus.INTRANS and not begins:
+        state = _NOT_IN_A_TRANSACTION.get(status, f"in state {status.name}")
+        raise ValidationError(f"enqueue_tx: the connection is {state}")

@@ -1,5 +1,7 @@
-"""The PostgreSQL :class:`~alkstore.JobHandle` (docs/contract.md §3 "Claim identity and
-handle validity").
+# WARNING: generated from _handle_async.py by tools/async_to_sync.py.
+# Do not edit: change _handle_async.py, then run `python tools/async_to_sync.py`.
+"""The PostgreSQL :class:`~alkstore.JobHandle` (docs/contract.md §3 "Claim identity
+and handle validity").
 
 A claim is identified by the job id and its post-claim attempt count. Every
 operation is one statement whose ``WHERE`` clause is the whole validity
@@ -12,58 +14,32 @@ A row holds a claim in private state ``processing``, or ``lapsed`` or
 ``expired`` (set aside by a claim that found it lapsed or expired), which is
 still valid if an injected clock moved back before its deadline: the
 deadline decides, as in the SQLite engine. A ``scheduled`` row, like a
-``pending`` one, holds no claim.
+``pending`` one, holds no claim. The statements are in
+:mod:`alkstore_postgres._sql.handle`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from psycopg import sql
 
 from alkstore import Job, JobHandle
 from alkstore.engine import duration
-from alkstore_postgres._rows import MOVED_COLUMNS
 from alkstore_postgres._schema import Statement
+from alkstore_postgres._sql.handle import ACK, DEAD_LETTER, HEARTBEAT, MICROSECOND, RETRY
 
 if TYPE_CHECKING:
     from alkstore_postgres._queue import PostgresQueue
 
 __all__ = ["PostgresJobHandle"]
 
-_MICROSECOND = timedelta(microseconds=1)
-
-_VALID = "id = %(id)s AND state NOT IN ('pending', 'scheduled') "
-_VALID += "AND attempts = %(attempts)s AND claim_deadline > %(now)s"
-
-ACK = sql.SQL("DELETE FROM {jobs} WHERE " + _VALID)
-
-# A retry with a delay goes to 'scheduled', out of the claim's walk until due
-# (see _schema).
-RETRY = sql.SQL(
-    "UPDATE {jobs} SET state = %(state)s, run_at = %(run_at)s, last_error = %(error)s, "
-    "worker_id = NULL, claim_deadline = NULL WHERE " + _VALID
-)
-
-# The delete and the insert are one statement, so one transaction: if the
-# insert fails the delete is undone, and the job is always in exactly one of
-# the two tables (docs/contract.md §3 "Dead letters").
-DEAD_LETTER = Statement(
-    sql.SQL(
-        "WITH moved AS (DELETE FROM {jobs} WHERE " + _VALID + " RETURNING {moved}) "
-        "INSERT INTO {dead} ({moved}, last_error, died_at) "
-        "SELECT {moved}, %(error)s, %(now)s FROM moved"
-    ),
-    moved=MOVED_COLUMNS,
-)
-
-HEARTBEAT = sql.SQL("UPDATE {jobs} SET claim_deadline = %(deadline)s WHERE " + _VALID)
-
 
 class PostgresJobHandle(JobHandle):
-    """One claim of one job on PostgreSQL; usable from any thread."""
+    """One claim of one job on PostgreSQL (the sync handle may be used from
+    any thread, the async one from its store's event loop)."""
 
     def __init__(self, queue: PostgresQueue, job: Job) -> None:
         super().__init__(queue, job)
@@ -103,5 +79,5 @@ class PostgresJobHandle(JobHandle):
     def _heartbeat(self, extend_s: float) -> bool:
         # At least a microsecond, as at claim time: a heartbeat that took
         # effect never leaves the claim already lapsed.
-        extend = max(duration(extend_s), _MICROSECOND)
+        extend = max(duration(extend_s), MICROSECOND)
         return self._run(HEARTBEAT, lambda now: {"deadline": now + extend})

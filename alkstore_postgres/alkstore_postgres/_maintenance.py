@@ -1,3 +1,5 @@
+# WARNING: generated from _maintenance_async.py by tools/async_to_sync.py.
+# Do not edit: change _maintenance_async.py, then run `python tools/async_to_sync.py`.
 """Maintenance turns (``Store._maintenance_turn``): which process runs a
 store-wide chore such as the expiry sweep, and when.
 
@@ -31,64 +33,47 @@ Leaving the block unlocks and closes it, on an exception too; if the
 connection dies meanwhile the server drops the lock with it. Each call on
 it is bounded by ``query_timeout_s`` (not the turn, which runs through the
 pool, each of its operations bounded in turn).
+
+The statements are in :mod:`alkstore_postgres._sql.maintenance`
+(``advisory_key`` is re-exported here).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import psycopg
-from psycopg import sql
 
-from alkstore.engine import duration
 from alkstore.errors import EngineError
-from alkstore_postgres._connection import Conn, wrap_errors
+from alkstore_postgres._connection import wrap_errors
+from alkstore_postgres._database import Conn
+from alkstore_postgres._sql.maintenance import (
+    BEGIN,
+    COMMIT,
+    LOCK,
+    READ,
+    TAKE,
+    TRANSACTION_LOCK,
+    UNLOCK,
+    advisory_key,
+    due_before,
+)
 
 if TYPE_CHECKING:
     from alkstore_postgres._store import PostgresStore
 
 __all__ = ["advisory_key", "maintenance_turn"]
 
-_EARLIEST = datetime.min.replace(tzinfo=UTC)
-
-READ = sql.SQL("SELECT last_run_at FROM {maintenance} WHERE task = %(task)s")
-
-# Returns a row only when the turn was due (or the task new): the row lock
-# of ON CONFLICT makes concurrent takers see each other's advance.
-TAKE = sql.SQL("""
-    INSERT INTO {maintenance} AS m (task, last_run_at) VALUES (%(task)s, %(now)s)
-    ON CONFLICT (task) DO UPDATE SET last_run_at = excluded.last_run_at
-    WHERE m.last_run_at <= %(due_before)s
-    RETURNING 1
-""")
-
-
-def advisory_key(schema: str, task: str) -> int:
-    """The advisory lock key of ``task`` in the store schema ``schema``: a
-    64-bit hash of both (the migration's lock hashes another text)."""
-    text = f"alkstore maintenance {schema}\x00{task}"
-    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
-
-
-def _before(now: datetime, interval_s: float) -> datetime:
-    try:
-        return now - duration(interval_s)
-    except OverflowError:
-        return _EARLIEST
-
 
 def _release(conn: Conn, key: int, in_transaction: bool) -> None:
     # Ending the turn's transaction ends its lock. (A connection closed
     # inside one would cost the pooler its server connection.)
     if in_transaction:
-        conn.execute("COMMIT")
+        conn.execute(COMMIT)
     else:
-        conn.execute("SELECT pg_advisory_unlock(%s)", [key])
+        conn.execute(UNLOCK, [key])
 
 
 @contextlib.contextmanager
@@ -102,7 +87,7 @@ def maintenance_turn(store: PostgresStore, task: str, interval_s: float) -> Iter
     """
     with store._db.connection() as pooled:
         row = pooled.execute(store.sql(READ), {"task": task}, binary=True).fetchone()
-    if row is not None and row[0] > _before(store._now(), interval_s):
+    if row is not None and row[0] > due_before(store._now(), interval_s):
         yield False
         return
     key = advisory_key(store.schema, task)
@@ -111,24 +96,26 @@ def maintenance_turn(store: PostgresStore, task: str, interval_s: float) -> Iter
     try:
         with wrap_errors(), store._db.guard(conn):
             if in_transaction:
-                conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-                locked = conn.execute("SELECT pg_try_advisory_xact_lock(%s)", [key]).fetchone()
+                conn.execute(BEGIN)
+                locked = conn.execute(TRANSACTION_LOCK, [key]).fetchone()
             else:
-                locked = conn.execute("SELECT pg_try_advisory_lock(%s)", [key]).fetchone()
+                locked = conn.execute(LOCK, [key]).fetchone()
         taken = False
         if locked is not None and locked[0]:
             # Read after the lock: a holder that just finished has advanced
             # the row.
             now = store._now()
-            params = {"task": task, "now": now, "due_before": _before(now, interval_s)}
+            params = {"task": task, "now": now, "due_before": due_before(now, interval_s)}
             if in_transaction:
                 # Not under the direct connection's guard: the pool's wait
                 # has its own bound.
                 with store._db.connection() as pooled:
-                    taken = pooled.execute(store.sql(TAKE), params).fetchone() is not None
+                    cur = pooled.execute(store.sql(TAKE), params)
+                    taken = cur.fetchone() is not None
             else:
                 with wrap_errors(), store._db.guard(conn):
-                    taken = conn.execute(store.sql(TAKE), params).fetchone() is not None
+                    cur = conn.execute(store.sql(TAKE), params)
+                    taken = cur.fetchone() is not None
             if not taken:
                 with wrap_errors(), store._db.guard(conn):
                     _release(conn, key, in_transaction)

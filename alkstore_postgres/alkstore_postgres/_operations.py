@@ -1,9 +1,13 @@
-"""The operator's statements (docs/operations.md): pause and resume, the
+# WARNING: generated from _operations_async.py by tools/async_to_sync.py.
+# Do not edit: change _operations_async.py, then run `python tools/async_to_sync.py`.
+"""The operator's operations (docs/operations.md): pause and resume, the
 dead-letter pages, requeue and purge, and the queue listing.
 
 Each operation is one statement on an autocommit pool connection, as in
 :mod:`alkstore_postgres._queue`; a wake is a ``pg_notify`` in the same
-statement, so only a commit sends it (to every process listening).
+statement, so only a commit sends it (to every process listening). The
+statements are in :mod:`alkstore_postgres._sql.operations` (``IS_PAUSED``,
+``QUEUE_NAMES`` and ``dead_jobs_query`` are re-exported here).
 """
 
 from __future__ import annotations
@@ -11,11 +15,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from psycopg import sql
-
 from alkstore import Job
-from alkstore_postgres._rows import DEAD_COLUMNS, job_from_row
-from alkstore_postgres._schema import Statement, render
+from alkstore_postgres._rows import job_from_row
+from alkstore_postgres._sql.operations import (
+    IS_PAUSED,
+    PAUSE,
+    PURGE_DEAD,
+    QUEUE_NAMES,
+    REQUEUE,
+    RESUME,
+    dead_jobs_lower,
+    dead_jobs_query,
+    requeue_params,
+)
 
 if TYPE_CHECKING:
     from alkstore_postgres._queue import PostgresQueue
@@ -32,117 +44,6 @@ __all__ = [
     "requeue",
     "set_paused",
 ]
-
-_INT64_MIN = -(2**63)
-_INT64_MAX = 2**63 - 1
-
-#: The pause flag, as the claim reads it (``_queue.CLAIM``'s ``paused``).
-IS_PAUSED = sql.SQL("SELECT EXISTS (SELECT 1 FROM {queues} WHERE name = %(queue)s AND paused)")
-
-# A row is returned only when this call changed the flag.
-PAUSE = sql.SQL("""
-    INSERT INTO {queues} AS q (name, paused) VALUES (%(queue)s, true)
-    ON CONFLICT (name) DO UPDATE SET paused = true WHERE NOT q.paused
-    RETURNING 1
-""")
-
-# The wake goes with the commit, and only when this call resumed the queue.
-RESUME = sql.SQL("""
-    WITH resumed AS (
-        UPDATE {queues} SET paused = false WHERE name = %(queue)s AND paused
-        RETURNING 1
-    ), wake AS (
-        SELECT pg_notify(%(channel)s, '') FROM resumed
-    )
-    SELECT count(*) FROM wake
-""")
-
-# A range of dead_queue (queue, id). Its values are literals, never
-# parameters: a generic plan (and the pool forces generic plans, D25) knows
-# no queue's share of the dead rows, and could walk the primary key through
-# another queue's many rows to find a few of this one's; with the values in
-# the text the plan is made for them, at each call.
-DEAD_JOBS = sql.SQL("""
-    SELECT {dead_columns} FROM {dead}
-    WHERE queue = {queue} AND id >= {lower}
-    ORDER BY id
-    LIMIT {limit}
-""")
-
-# One statement: the job leaves the dead table and enters the live one in
-# the same commit, so every snapshot sees it in exactly one of them. Its
-# row lock makes concurrent requeues of one job wait, then find it gone.
-# The id is the job's own (OVERRIDING: the identity never hands it out
-# again). An expiring job gets its original expiry duration (expires_at -
-# enqueued_at, always > 0) again from its new run_at, as exact seconds: an
-# interval with days would be added in the session's time zone, across DST
-# changes. Its attempts are kept, so no claim of it can repeat an earlier
-# claim's (id, attempts) identity, and its budget is renewed by raising
-# max_attempts by its own size (D21).
-REQUEUE = sql.SQL("""
-    WITH moved AS (
-        DELETE FROM {dead} WHERE id = %(id)s AND queue = %(queue)s
-        RETURNING id, queue, payload, content_type, priority, run_at, expires_at,
-                  enqueued_at, attempts, max_attempts, visibility_timeout_s,
-                  backoff_base_s, backoff_cap_s, last_error
-    ), ins AS (
-        INSERT INTO {jobs} (id, queue, state, payload, content_type, priority, run_at,
-            expires_at, enqueued_at, attempts, max_attempts, visibility_timeout_s,
-            backoff_base_s, backoff_cap_s, last_error)
-        OVERRIDING SYSTEM VALUE
-        SELECT id, queue, %(state)s, payload, content_type, priority, %(run_at)s,
-               %(run_at)s + make_interval(secs => extract(epoch FROM expires_at - enqueued_at)),
-               enqueued_at, attempts, least(attempts::bigint + max_attempts, 2147483647),
-               visibility_timeout_s, backoff_base_s, backoff_cap_s, last_error
-        FROM moved
-        RETURNING 1
-    ), wake AS (
-        SELECT pg_notify(%(channel)s, '') FROM ins
-    )
-    SELECT count(*) FROM wake
-""")
-
-# A range of dead_died (queue, died_at).
-PURGE_DEAD = sql.SQL("""
-    DELETE FROM {dead}
-    WHERE queue = %(queue)s AND died_at <= coalesce(%(cutoff)s::timestamptz, 'infinity')
-""")
-
-
-def _loose_scan(name: str, table: str, where: str) -> str:
-    # The first name, then repeatedly the next one above it: each step is
-    # one descent of an index whose leading column is ``queue``.
-    return f"""
-    {name} (queue) AS (
-        (SELECT queue FROM {table} WHERE {where} ORDER BY queue LIMIT 1)
-        UNION ALL
-        SELECT (SELECT queue FROM {table} WHERE {where} AND queue > {name}.queue
-                ORDER BY queue LIMIT 1)
-        FROM {name} WHERE {name}.queue IS NOT NULL
-    )"""
-
-
-_SCANS = (
-    ("q_pending", "{jobs}", "state = 'pending'"),
-    ("q_scheduled", "{jobs}", "state = 'scheduled'"),
-    ("q_processing", "{jobs}", "state = 'processing'"),
-    ("q_lapsed", "{jobs}", "state = 'lapsed'"),
-    # Every 'expired' row has an expires_at: jobs_expiry holds them all.
-    ("q_expiring", "{jobs}", "expires_at IS NOT NULL"),
-    ("q_dead", "{dead}", "true"),
-)
-
-#: The queue listing: a loose index scan of each live state's partial index
-#: and of ``jobs_expiry`` (together every live row) and of ``dead_queue``,
-#: and the paused queues.
-QUEUE_NAMES = sql.SQL(
-    "WITH RECURSIVE"
-    + ",".join(_loose_scan(*scan) for scan in _SCANS)
-    + "".join(
-        f"\n    SELECT queue FROM {name} WHERE queue IS NOT NULL UNION" for name, _, _ in _SCANS
-    )
-    + "\n    SELECT name FROM {queues} WHERE paused\n"
-)
 
 
 def set_paused(queue: PostgresQueue, paused: bool) -> bool:
@@ -168,9 +69,9 @@ def is_paused(queue: PostgresQueue) -> bool:
 
 def dead_jobs(queue: PostgresQueue, limit: int, after_id: int | None) -> list[Job]:
     """``Queue._dead_jobs``: a page of the queue's dead rows by id."""
-    if after_id is not None and after_id >= _INT64_MAX:
-        return []  # no bigint above it
-    lower = _INT64_MIN if after_id is None else after_id + 1
+    lower = dead_jobs_lower(after_id)
+    if lower is None:
+        return []  # no bigint above after_id
     store = queue._pg_store
     query = dead_jobs_query(store.schema, queue.name, lower, limit)
     with store._db.connection() as conn:
@@ -178,31 +79,12 @@ def dead_jobs(queue: PostgresQueue, limit: int, after_id: int | None) -> list[Jo
     return [job_from_row(row) for row in rows]
 
 
-def dead_jobs_query(schema: str, queue: str, lower: int, limit: int) -> bytes:
-    """:data:`DEAD_JOBS` with its values written in."""
-    statement = Statement(
-        DEAD_JOBS,
-        dead_columns=DEAD_COLUMNS,
-        queue=sql.Literal(queue),
-        lower=sql.Literal(lower),
-        limit=sql.Literal(limit),
-    )
-    return render(statement, schema)
-
-
 def requeue(queue: PostgresQueue, job_id: int, now: datetime, run_at: datetime) -> bool:
     """``Queue._requeue``: move a dead row back to the live table."""
-    if not _INT64_MIN <= job_id <= _INT64_MAX:
+    params = requeue_params(job_id, queue.name, queue.channel, now, run_at)
+    if params is None:
         return False
     store = queue._pg_store
-    params = {
-        "id": job_id,
-        "queue": queue.name,
-        "channel": queue.channel,
-        "run_at": run_at,
-        # As an enqueue: a job not due yet stays out of the claim's path.
-        "state": "scheduled" if run_at > now else "pending",
-    }
     with store._db.connection() as conn:
         row = conn.execute(store.sql(REQUEUE), params, binary=True).fetchone()
     assert row is not None
@@ -212,10 +94,9 @@ def requeue(queue: PostgresQueue, job_id: int, now: datetime, run_at: datetime) 
 def purge_dead(queue: PostgresQueue, cutoff: datetime | None) -> int:
     """``Queue._purge_dead``: delete dead rows with ``died_at <= cutoff``."""
     store = queue._pg_store
+    params = {"queue": queue.name, "cutoff": cutoff}
     with store._db.connection() as conn:
-        return conn.execute(
-            store.sql(PURGE_DEAD), {"queue": queue.name, "cutoff": cutoff}, binary=True
-        ).rowcount
+        return conn.execute(store.sql(PURGE_DEAD), params, binary=True).rowcount
 
 
 def queue_names(store: PostgresStore) -> list[str]:

@@ -1,3 +1,5 @@
+# WARNING: generated from _queue_async.py by tools/async_to_sync.py.
+# Do not edit: change _queue_async.py, then run `python tools/async_to_sync.py`.
 """The PostgreSQL :class:`~alkstore.Queue`: enqueue, claim and the
 queue-wide operations (docs/contract.md §3).
 
@@ -5,394 +7,56 @@ Every operation is one statement on an autocommit pool connection: one
 round trip, one transaction. Each takes one reading of the store's clock
 (the injected one, or the server's, see :mod:`alkstore_postgres._clock`)
 and passes it as the parameter ``now``, so a statement never reads a clock
-of its own.
+of its own. The statements and their parameters are in
+:mod:`alkstore_postgres._sql.queue` (``CLAIM`` and ``LAPSED_CLAIMS`` are
+re-exported here).
 """
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
-from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
 from alkstore import Job, JobHandle, Queue, QueueOpts, QueueStats, SweepResult
-from alkstore.engine import EXPIRED, MAX_ATTEMPTS_EXCEEDED, EncodedPayload, Resolved, duration
+from alkstore.engine import EncodedPayload, Resolved
 from alkstore.errors import EngineError, ValidationError
 from alkstore_postgres import _operations
-from alkstore_postgres._connection import ByteaArray, database_identity, wrap_errors
+from alkstore_postgres._connection import check_tx_connection, wrap_errors
+from alkstore_postgres._database import database_identity
 from alkstore_postgres._handle import PostgresJobHandle
-from alkstore_postgres._rows import DEAD_COLUMNS, LIVE_COLUMNS, MOVED_COLUMNS, job_from_row
-from alkstore_postgres._schema import Statement, numbered, render
+from alkstore_postgres._rows import job_from_row
+from alkstore_postgres._sql.queue import (
+    ACK_BATCH,
+    ACK_MANY,
+    CANCEL,
+    CLAIM,
+    DEADLOCK_ATTEMPTS,
+    GET_JOB,
+    INT64_MAX,
+    INT64_MIN,
+    LAPSED_CLAIMS,
+    LITERAL_N_MAX,
+    STATS,
+    SWEEP_EXPIRED,
+    claim_order,
+    claim_query,
+    insert,
+    inserted_ids,
+    sweep_params,
+    sweep_result,
+)
 from alkstore_postgres._wake import channel_name
 
 if TYPE_CHECKING:
     from alkstore_postgres._store import PostgresStore
 
-__all__ = ["PostgresQueue"]
-
-# Job ids are bigint: a larger int cannot name a job (and would not bind).
-_INT64_MIN = -(2**63)
-_INT64_MAX = 2**63 - 1
-# How many times ack_batch runs when PostgreSQL aborts it as a deadlock victim.
-_DEADLOCK_ATTEMPTS = 3
-
-T = TypeVar("T")
-
-_COLUMNS = sql.SQL(
-    "queue, state, payload, content_type, priority, run_at, expires_at, enqueued_at, "
-    "max_attempts, visibility_timeout_s, backoff_base_s, backoff_cap_s"
-)
-
-# The wake is sent in the enqueueing transaction, so only a commit wakes
-# anyone, and it carries no job body (docs/contract.md §3 "Wake"). The ``wake`` CTE has a
-# volatile function, so PostgreSQL evaluates it exactly once. One statement
-# on an autocommit connection: one round trip, and the commit is the
-# statement's own (no BEGIN and COMMIT exchanges).
-#
-# The enqueue statements take positional ``%s`` parameters: the queue, the
-# state, the payload(s), then :func:`_stamps`, then the channel.
-INSERT = Statement(
-    sql.SQL("""
-    WITH ins AS (
-        INSERT INTO {jobs} ({columns})
-        VALUES (%s, %s, %s, %s, %s, %s, %s::timestamptz, %s, %s, %s, %s, %s)
-        RETURNING id
-    ), wake AS (
-        SELECT pg_notify(%s, '')
-    )
-    SELECT ins.id FROM ins, wake
-"""),
-    columns=_COLUMNS,
-)
-
-# One round trip for any number of jobs: the payloads travel as one bytea
-# array, and their content types as one value when they share it (then the
-# text array is empty, and unnest pads it with NULLs) or as a text array.
-# The identity default is evaluated above the sort on the ordinality, so the
-# ids increase in list order; they come back as one array.
-INSERT_MANY = Statement(
-    sql.SQL("""
-    WITH ins AS (
-        INSERT INTO {jobs} ({columns})
-        SELECT %s, %s, p.payload, coalesce(p.content_type, %s), %s,
-               %s, %s::timestamptz, %s, %s, %s, %s, %s
-        FROM unnest(%s::bytea[], %s::text[]) WITH ORDINALITY AS p (payload, content_type, ord)
-        ORDER BY p.ord
-        RETURNING id
-    ), wake AS (
-        SELECT pg_notify(%s, '')
-    )
-    SELECT array_agg(ins.id) FROM ins, wake
-"""),
-    columns=_COLUMNS,
-)
-
-# One statement, in steps that each touch only rows they act on (none at
-# all while the queue is paused: ``paused`` gates every step). Rows that are
-# not claimable now live in private states of their own ('scheduled',
-# 'processing', 'expired'; see _schema), so the two walks never pass over
-# them, however many there are; time moves rows between states without a
-# write, so the claim first takes the rows whose status changed since the
-# last claim, each from the "now" end of an index range:
-# (1) ``past_deadline`` locks this queue's claims that lapsed (the lapsed
-#     end of ``jobs_processing``, one walk for both kinds, since each walk
-#     costs the claim about 0.03 ms); the exhausted ones move to the dead
-#     table;
-# (2) ``came_due`` locks the scheduled rows that came due (``jobs_scheduled``),
-#     ``newly_lapsed`` is the rest of (1), with attempts left, ``newly_expired``
-#     the pending and lapsed rows that expired, and ``not_expired`` the
-#     'expired' rows an injected clock moved back before their expiry (the
-#     ranges of ``jobs_expiry``);
-# (3) ``due`` walks ``jobs_pending`` and ``lapsed`` walks ``jobs_lapsed`` in
-#     claim order, each locking up to n eligible rows and skipping rows
-#     other claimers hold;
-# (4) the best n of the walks and of the rows of (2) that are claimable
-#     are claimed; ``moves`` gives the rows of (2) not claimed their new
-#     state (as the SQLite engine's moves do), where later claims find them.
-# Every CTE reads the statement's one snapshot, so a row a CTE modified is
-# invisible to the others as modified (a second UPDATE of it would be
-# silently skipped): the steps' row sets are disjoint by their state (and
-# expiry) in that snapshot, and a row of (2) is claimed straight from its
-# old state rather than moved first. The rows of (2) are few (those whose
-# status changed since the last claim), so merging them into the sort costs
-# what moving them does: each row is moved once per change. A walk in the
-# snapshot still steps over the pending or lapsed rows that (2) moves out
-# of its index in the same statement: once. Rows locked but not picked are
-# released at commit. Row locks plus the re-check of the WHERE clause on the
-# newest row version make the hand-out exactly-once.
-#
-# The moves' ranges are written as ranges with both ends, "now" behind a
-# subquery: then PostgreSQL estimates each at half a percent of its index
-# (a range with an unknown end), in the generic plan and in a custom one
-# alike. With ``<= %(now)s`` a custom plan knows how few rows a range
-# holds, the generic plan guesses a third of the index, its cost comes out
-# above the custom plans', and every claim was planned afresh (1.1 ms
-# against 0.5 ms for a claim of one due job); a third could even make a
-# scan of the whole table look cheaper than the range.
-#
-# _claim writes n into the text as a literal (``{limit}``), never as a
-# parameter: a generic plan with a parameter LIMIT assumes it keeps a tenth
-# of the table, which can make a whole-table scan look cheaper than the
-# walk. The pool's connections run with plan_cache_mode =
-# force_generic_plan (_connection), so each rendering for n up to
-# _LITERAL_N_MAX is a prepared statement planned once per connection (about
-# 330 kB of server memory each); 'auto' kept re-planning it at every call
-# (0.5 ms) whenever stale statistics after a large drain made the generic
-# plan look dearer than the custom ones. A larger batch is sent unprepared,
-# planned at each call, a cost shared by its n jobs.
-CLAIM = Statement(
-    sql.SQL("""
-    WITH paused AS (
-        -- A paused queue hands out nothing and changes nothing: one
-        -- primary-key probe, read once; every step below starts from a
-        -- CTE gated by it, so no row is even read.
-        SELECT 1 FROM {queues} WHERE name = %(queue)s AND paused
-    ), past_deadline AS (
-        -- Claims that lapsed: one walk for both kinds, exhausted or not.
-        SELECT id, priority, run_at, expires_at, attempts >= max_attempts AS exhausted
-        FROM {jobs}
-        WHERE queue = %(queue)s AND state = 'processing'
-          AND claim_deadline BETWEEN {past} AND {now}
-          AND NOT EXISTS (SELECT FROM paused)
-        FOR UPDATE SKIP LOCKED
-    ), moved AS (
-        DELETE FROM {jobs} WHERE id IN (SELECT id FROM past_deadline WHERE exhausted)
-        RETURNING {moved}
-    ), buried AS (
-        INSERT INTO {dead} ({moved}, last_error, died_at)
-        SELECT {moved}, {exceeded}, %(now)s FROM moved
-    ), came_due AS (
-        -- Expired ones too: they move to 'expired' (never claimed).
-        SELECT id, priority, run_at, expires_at FROM {jobs}
-        WHERE queue = %(queue)s AND state = 'scheduled' AND run_at BETWEEN {past} AND {now}
-          AND NOT EXISTS (SELECT FROM paused)
-        FOR UPDATE SKIP LOCKED
-    ), newly_lapsed AS (
-        -- Expired ones too: they move to 'expired' (never claimed).
-        SELECT id, priority, run_at, expires_at FROM past_deadline WHERE NOT exhausted
-    ), newly_expired AS (
-        SELECT id FROM {jobs}
-        WHERE queue = %(queue)s AND state IN ('pending', 'lapsed')
-          AND expires_at BETWEEN {past} AND {now}
-          AND NOT EXISTS (SELECT FROM paused)
-        FOR UPDATE SKIP LOCKED
-    ), not_expired AS (
-        SELECT id, priority, run_at, claim_deadline, attempts, max_attempts FROM {jobs}
-        WHERE queue = %(queue)s AND state = 'expired'
-          AND expires_at > {now} AND expires_at <= 'infinity'
-          AND NOT EXISTS (SELECT FROM paused)
-        FOR UPDATE SKIP LOCKED
-    ), due AS (
-        -- run_at <= now still: version 1 rows, or an injected clock that
-        -- moved backwards, may leave future rows here.
-        SELECT id, priority, run_at FROM {jobs}
-        WHERE queue = %(queue)s AND state = 'pending' AND run_at <= %(now)s
-          AND (expires_at IS NULL OR expires_at > %(now)s)
-          AND NOT EXISTS (SELECT FROM paused)
-        ORDER BY priority DESC, run_at, id
-        LIMIT {limit}
-        FOR UPDATE SKIP LOCKED
-    ), lapsed AS (
-        -- The deadline still: an injected clock that moved backwards (and
-        -- a heartbeat then) may leave live claims here.
-        SELECT id, priority, run_at FROM {jobs}
-        WHERE queue = %(queue)s AND state = 'lapsed'
-          AND claim_deadline <= %(now)s AND attempts < max_attempts
-          AND (expires_at IS NULL OR expires_at > %(now)s)
-          AND NOT EXISTS (SELECT FROM paused)
-        ORDER BY priority DESC, run_at, id
-        LIMIT {limit}
-        FOR UPDATE SKIP LOCKED
-    ), picked AS (
-        SELECT id FROM (
-            SELECT * FROM due
-            UNION ALL
-            SELECT id, priority, run_at FROM came_due
-            WHERE expires_at IS NULL OR expires_at > %(now)s
-            UNION ALL
-            SELECT id, priority, run_at FROM newly_lapsed
-            WHERE expires_at IS NULL OR expires_at > %(now)s
-            UNION ALL
-            -- Those that move back to 'pending' or 'lapsed' (below).
-            SELECT id, priority, run_at FROM not_expired
-            WHERE (claim_deadline IS NULL AND run_at <= %(now)s)
-               OR (claim_deadline <= %(now)s AND attempts < max_attempts)
-            UNION ALL
-            SELECT * FROM lapsed
-        ) AS candidates
-        ORDER BY priority DESC, run_at, id
-        LIMIT {limit}
-    ), moves AS (
-        -- The SQLite engine's moves, on the newest version of each row
-        -- (locked above). An array, so that the plan is primary-key probes
-        -- whatever the generic plan guesses about the CTEs' sizes.
-        UPDATE {jobs} SET state = CASE
-            WHEN state = 'expired' THEN CASE
-                WHEN claim_deadline IS NULL THEN
-                    CASE WHEN run_at > %(now)s THEN 'scheduled' ELSE 'pending' END
-                WHEN claim_deadline > %(now)s THEN 'processing'
-                ELSE 'lapsed' END
-            WHEN expires_at <= %(now)s THEN 'expired'
-            WHEN state = 'scheduled' THEN 'pending'
-            ELSE 'lapsed' END
-        WHERE id = ANY(ARRAY(
-            SELECT id FROM (
-                SELECT id FROM came_due
-                UNION ALL
-                SELECT id FROM newly_lapsed
-                UNION ALL
-                SELECT id FROM newly_expired
-                UNION ALL
-                SELECT id FROM not_expired
-            ) AS changed
-            WHERE id NOT IN (SELECT id FROM picked)))
-    )
-    UPDATE {jobs}
-    SET state = 'processing',
-        attempts = attempts + 1,
-        worker_id = %(worker_id)s,
-        -- At least a microsecond, so that a claim never starts lapsed.
-        claim_deadline = %(now)s + greatest(
-            make_interval(secs => visibility_timeout_s), interval '1 microsecond')
-    WHERE id IN (SELECT id FROM picked)
-    RETURNING {live}
-"""),
-    moved=MOVED_COLUMNS,
-    live=LIVE_COLUMNS,
-    exceeded=sql.Literal(MAX_ATTEMPTS_EXCEEDED),
-    # The bounds of the moves' ranges (see above).
-    now=sql.SQL("(SELECT %(now)s::timestamptz)"),
-    past=sql.SQL("'-infinity'"),
-    # A parameter here, for inspection (EXPLAIN); _claim_query renders n.
-    limit=sql.SQL("%(n)s"),
-)
-
-# As the handle's validity test (_handle._VALID) without the attempt count.
-ACK_BATCH = sql.SQL("""
-    DELETE FROM {jobs}
-    WHERE id = ANY(%(ids)s::bigint[]) AND queue = %(queue)s
-      AND state NOT IN ('pending', 'scheduled') AND claim_deadline > %(now)s
-""")
-
-# Each (id, attempts) pair as the handle's own validity test (_handle._VALID).
-ACK_MANY = sql.SQL("""
-    DELETE FROM {jobs} j
-    USING unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS c(id, attempts)
-    WHERE j.id = c.id AND j.attempts = c.attempts AND j.queue = %(queue)s
-      AND j.state NOT IN ('pending', 'scheduled') AND j.claim_deadline > %(now)s
-    RETURNING j.id, j.attempts
-""")
-
-CANCEL = sql.SQL("DELETE FROM {jobs} WHERE id = %(id)s AND queue = %(queue)s")
-
-# One statement, one snapshot: the job is in exactly one of the tables.
-GET_JOB = Statement(
-    sql.SQL("""
-    SELECT {live} FROM {jobs} WHERE id = %(id)s AND queue = %(queue)s
-    UNION ALL
-    SELECT {dead_columns} FROM {dead} WHERE id = %(id)s AND queue = %(queue)s
-"""),
-    live=LIVE_COLUMNS,
-    dead_columns=DEAD_COLUMNS,
-)
-
-# SKIP LOCKED on both steps: sweepers running at once split the rows
-# between them and never wait for (or deadlock with) each other. Rows moved
-# by this sweep have died_at = now; when the retention is zero they are
-# purged at once (not inserted), as "move, then purge" would do.
-SWEEP_EXPIRED = Statement(
-    sql.SQL("""
-    WITH expired AS (
-        -- Every state, so that jobs_expiry answers with one range per state.
-        SELECT id FROM {jobs}
-        WHERE queue = %(queue)s AND expires_at <= %(now)s
-          AND state IN ('pending', 'scheduled', 'processing', 'lapsed', 'expired')
-        FOR UPDATE SKIP LOCKED
-    ), moved AS (
-        DELETE FROM {jobs} WHERE id IN (SELECT id FROM expired)
-        RETURNING {moved}
-    ), buried AS (
-        INSERT INTO {dead} ({moved}, last_error, died_at)
-        SELECT {moved}, {expired}, %(now)s FROM moved WHERE %(keep_moved)s
-    ), old AS (
-        SELECT id FROM {dead}
-        WHERE queue = %(queue)s AND died_at <= %(cutoff)s::timestamptz
-        FOR UPDATE SKIP LOCKED
-    ), purged AS (
-        DELETE FROM {dead} WHERE id IN (SELECT id FROM old)
-        RETURNING 1
-    )
-    SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM purged)
-"""),
-    moved=MOVED_COLUMNS,
-    expired=sql.Literal(EXPIRED),
-)
-
-# Four counts from one snapshot, each term one state's index range where
-# possible. The public counts go by the instants, whatever the private state
-# says (rows version 1 left pending with a future run_at; an injected clock
-# that moved backwards), as the SQLite engine's do: an 'expired' row counts
-# as processing if it holds a claim, else as pending (by its run_at); every
-# 'expired' row has an expires_at, which lets jobs_expiry serve it.
-STATS = sql.SQL("""
-    SELECT
-        (SELECT count(*) FROM {jobs}
-         WHERE queue = %(queue)s AND state = 'pending' AND run_at <= %(now)s)
-        + (SELECT count(*) FROM {jobs}
-           WHERE queue = %(queue)s AND state = 'scheduled' AND run_at <= %(now)s)
-        + (SELECT count(*) FROM {jobs}
-           WHERE queue = %(queue)s AND state = 'expired' AND expires_at IS NOT NULL
-             AND claim_deadline IS NULL AND run_at <= %(now)s),
-        (SELECT count(*) FROM {jobs}
-         WHERE queue = %(queue)s AND state = 'pending' AND run_at > %(now)s)
-        + (SELECT count(*) FROM {jobs}
-           WHERE queue = %(queue)s AND state = 'scheduled' AND run_at > %(now)s)
-        + (SELECT count(*) FROM {jobs}
-           WHERE queue = %(queue)s AND state = 'expired' AND expires_at IS NOT NULL
-             AND claim_deadline IS NULL AND run_at > %(now)s),
-        (SELECT count(*) FROM {jobs} WHERE queue = %(queue)s AND state = 'processing')
-        + (SELECT count(*) FROM {jobs} WHERE queue = %(queue)s AND state = 'lapsed')
-        + (SELECT count(*) FROM {jobs}
-           WHERE queue = %(queue)s AND state = 'expired' AND expires_at IS NOT NULL
-             AND claim_deadline IS NOT NULL),
-        (SELECT count(*) FROM {dead} WHERE queue = %(queue)s)
-""")
-
-# The processing rows whose claim has lapsed, in every private state that
-# holds a claim (the claim moves lapsed ones to 'lapsed' and expired ones to
-# 'expired' only when it next runs); each term by the instants, as STATS.
-# 'processing' is a range of jobs_processing (queue, claim_deadline);
-# 'lapsed' and 'expired' rows are counted from their own index ranges.
-LAPSED_CLAIMS = sql.SQL("""
-    SELECT
-        (SELECT count(*) FROM {jobs}
-         WHERE queue = %(queue)s AND state = 'processing' AND claim_deadline <= %(now)s)
-        + (SELECT count(*) FROM {jobs}
-           WHERE queue = %(queue)s AND state = 'lapsed' AND claim_deadline <= %(now)s)
-        + (SELECT count(*) FROM {jobs}
-           WHERE queue = %(queue)s AND state = 'expired' AND expires_at IS NOT NULL
-             AND claim_deadline <= %(now)s)
-""")
-
-
-def _stamps(resolved: Resolved) -> tuple[Any, ...]:
-    """The row values every enqueue binds after the payload(s), in order."""
-    return (
-        resolved.priority,
-        resolved.run_at,
-        resolved.expires_at,
-        resolved.enqueued_at,
-        resolved.max_attempts,
-        resolved.visibility_timeout_s,
-        resolved.backoff_base_s,
-        resolved.backoff_cap_s,
-    )
+__all__ = ["CLAIM", "LAPSED_CLAIMS", "PostgresQueue"]
 
 
 class PostgresQueue(Queue):
@@ -416,61 +80,17 @@ class PostgresQueue(Queue):
 
     def _insert(self, resolved: Resolved, payloads: Sequence[EncodedPayload]) -> list[int]:
         store = self._pg_store
-        # The claim's walk never sees a row that is not due yet.
-        state = "scheduled" if resolved.run_at > resolved.enqueued_at else "pending"
-        stamps = _stamps(resolved)
-        if len(payloads) == 1:
-            data, content_type = payloads[0]
-            statement = store.sql(INSERT)
-            params: tuple[Any, ...] = (self._name, state, data, content_type, *stamps)
-        else:
-            content_types = {p.content_type for p in payloads}
-            shared = content_types.pop() if len(content_types) == 1 else None
-            statement = store.sql(INSERT_MANY)
-            params = (
-                self._name,
-                state,
-                shared,
-                *stamps,
-                ByteaArray([p.data for p in payloads]),
-                [] if shared else [p.content_type for p in payloads],
-            )
+        statement, params = insert(self._name, self._channel, resolved, payloads)
         # Prepared on each pooled connection after its first use, parameters
         # and results in binary: psycopg's own fast path.
         with store._db.connection() as conn:
-            row = conn.execute(
-                statement, (*params, self._channel), prepare=True, binary=True
-            ).fetchone()
-        assert row is not None
-        return [row[0]] if len(payloads) == 1 else sorted(row[0])
+            cur = conn.execute(store.sql(statement), params, prepare=True, binary=True)
+            row = cur.fetchone()
+        return inserted_ids(row, len(payloads))
 
     def _insert_tx(self, conn: Any, resolved: Resolved, payload: EncodedPayload) -> int:
-        if not isinstance(conn, psycopg.Connection):
-            raise ValidationError(
-                "enqueue_tx needs a psycopg.Connection (psycopg 3) to the store's "
-                f"database, not {type(conn).__module__}.{type(conn).__qualname__}"
-            )
-        status = conn.info.transaction_status
-        # Outside autocommit, psycopg begins a transaction before the insert
-        # by itself, as before the caller's own first statement.
-        begins = status == TransactionStatus.IDLE and not conn.autocommit
-        if status != TransactionStatus.INTRANS and not begins:
-            state = {
-                TransactionStatus.IDLE: "not inside a transaction (BEGIN first, or use "
-                "conn.transaction())",
-                TransactionStatus.INERROR: "inside a failed transaction",
-                TransactionStatus.ACTIVE: "busy running a command",
-                TransactionStatus.UNKNOWN: "closed or broken",
-            }.get(status, f"in state {status.name}")
-            raise ValidationError(f"enqueue_tx: the connection is {state}")
-        params = (
-            self._name,
-            "scheduled" if resolved.run_at > resolved.enqueued_at else "pending",
-            payload.data,
-            payload.content_type,
-            *_stamps(resolved),
-            self._channel,
-        )
+        check_tx_connection(conn, psycopg.Connection)
+        statement, params = insert(self._name, self._channel, resolved, [payload])
         store = self._pg_store
         with wrap_errors():
             theirs = database_identity(conn)
@@ -483,35 +103,33 @@ class PostgresQueue(Queue):
             # The caller's connection may have its own row factory: a cursor
             # of our own. alkstore never commits or rolls it back.
             with conn.cursor(row_factory=tuple_row) as cur:
-                row = cur.execute(store.sql(INSERT), params).fetchone()
-        assert row is not None
-        job_id: int = row[0]
-        return job_id
+                row = cur.execute(store.sql(statement), params).fetchone()
+        return inserted_ids(row, 1)[0]
 
     def _claim(self, worker_id: str, n: int) -> list[JobHandle]:
         store = self._pg_store
         # LIMIT takes a bigint; no table holds more rows than that anyway.
-        n = min(n, _INT64_MAX)
+        n = min(n, INT64_MAX)
         # A larger n is sent unprepared: planned at its call, knowing its LIMIT.
-        prepare = n <= _LITERAL_N_MAX
-        query = _claim_query(store.schema, n)
+        prepare = n <= LITERAL_N_MAX
+        query = claim_query(store.schema, n)
         begun = time.monotonic()
         with store._db.connection() as conn, psycopg.RawCursor(conn) as cur:
             # Read once the connection is at hand (PostgresStore._now_on).
             params = (self._name, store._now_on(conn), worker_id)
-            rows = cur.execute(query, params, prepare=prepare, binary=True).fetchall()
+            cur.execute(query, params, prepare=prepare, binary=True)
+            rows = cur.fetchall()
         # A slow claim may be walking dead rows that vacuum cannot remove (a
         # long transaction elsewhere): compaction takes them out (_compact).
         store._compactor.after_claim(time.monotonic() - begun, n)
-        jobs = sorted(map(job_from_row, rows), key=_claim_order)
+        jobs = sorted(map(job_from_row, rows), key=claim_order)
         return [PostgresJobHandle(self, job) for job in jobs]
 
     def _ack_batch(self, job_ids: list[int]) -> int:
-        ids = [i for i in job_ids if _INT64_MIN <= i <= _INT64_MAX]
+        ids = [i for i in job_ids if INT64_MIN <= i <= INT64_MAX]
         if not ids:
             return 0
-        params: dict[str, Any] = {"ids": ids, "queue": self._name}
-        count: int = self._delete_acked(ACK_BATCH, params, lambda cur: cur.rowcount)
+        count, _ = self._delete_acked(ACK_BATCH, {"ids": ids, "queue": self._name})
         return count
 
     def _ack_many(self, handles: list[JobHandle]) -> list[bool]:
@@ -523,87 +141,74 @@ class PostgresQueue(Queue):
             "attempts": [h.attempts for h in handles],
             "queue": self._name,
         }
-        acked = self._delete_acked(ACK_MANY, params, lambda cur: {(i, a) for i, a in cur})
+        _, rows = self._delete_acked(ACK_MANY, params)
+        acked = {(i, a) for i, a in rows}
         return [(h.id, h.attempts) in acked for h in handles]
 
     def _delete_acked(
-        self, statement: sql.SQL, params: dict[str, Any], result: Callable[[Any], T]
-    ) -> T:
+        self, statement: sql.SQL, params: dict[str, Any]
+    ) -> tuple[int, list[tuple[Any, ...]]]:
+        # The count of deleted rows, and the rows the statement returns.
         store = self._pg_store
-        for attempt in range(_DEADLOCK_ATTEMPTS):
+        for attempt in range(DEADLOCK_ATTEMPTS):
             try:
                 with store._db.connection() as conn:
                     # Read once the connection is at hand (PostgresStore._now_on).
                     params["now"] = store._now_on(conn)
-                    return result(conn.execute(store.sql(statement), params, prepare=True))
+                    cur = conn.execute(store.sql(statement), params, prepare=True)
+                    rows = cur.fetchall() if cur.description is not None else []
+                    return cur.rowcount, rows
             except EngineError as error:
                 # Two batches waiting for each other's rows: PostgreSQL
                 # aborted this one, so nothing was acked; acking is
                 # idempotent, so run it again.
                 deadlock = isinstance(error.__cause__, psycopg.errors.DeadlockDetected)
-                if not deadlock or attempt == _DEADLOCK_ATTEMPTS - 1:
+                if not deadlock or attempt == DEADLOCK_ATTEMPTS - 1:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _cancel(self, job_id: int) -> bool:
-        if not _INT64_MIN <= job_id <= _INT64_MAX:
+        if not INT64_MIN <= job_id <= INT64_MAX:
             return False
         store = self._pg_store
+        params = {"id": job_id, "queue": self._name}
         with store._db.connection() as conn:
-            cur = conn.execute(store.sql(CANCEL), {"id": job_id, "queue": self._name}, prepare=True)
-            return cur.rowcount == 1
+            return conn.execute(store.sql(CANCEL), params, prepare=True).rowcount == 1
 
     def _get_job(self, job_id: int) -> Job | None:
-        if not _INT64_MIN <= job_id <= _INT64_MAX:
+        if not INT64_MIN <= job_id <= INT64_MAX:
             return None
         store = self._pg_store
+        params = {"id": job_id, "queue": self._name}
         with store._db.connection() as conn:
-            row = conn.execute(
-                store.sql(GET_JOB), {"id": job_id, "queue": self._name}, prepare=True, binary=True
-            ).fetchone()
+            cur = conn.execute(store.sql(GET_JOB), params, prepare=True, binary=True)
+            row = cur.fetchone()
         return None if row is None else job_from_row(row)
 
     def _sweep_expired(self, retention_s: float | None) -> SweepResult:
         store = self._pg_store
-        now = store._now()
-        cutoff = None
-        if retention_s is not None:
-            try:
-                cutoff = now - duration(retention_s)
-            except OverflowError:
-                cutoff = None  # before year 1: nothing can be that old
-        params = {
-            "queue": self._name,
-            "now": now,
-            "cutoff": cutoff,
-            "keep_moved": cutoff is None or cutoff < now,
-        }
+        params = sweep_params(self._name, store._now(), retention_s)
         with store._db.connection() as conn:
-            row = conn.execute(store.sql(SWEEP_EXPIRED), params, binary=True).fetchone()
-        assert row is not None
-        expired, purged = row
-        if not params["keep_moved"]:
-            purged += expired
-        return SweepResult(expired, purged)
+            cur = conn.execute(store.sql(SWEEP_EXPIRED), params, binary=True)
+            row = cur.fetchone()
+        return sweep_result(row, params)
 
     def _stats(self) -> QueueStats:
-        store = self._pg_store
-        params = {"queue": self._name, "now": store._now()}
-        with store._db.connection() as conn:
-            row = conn.execute(store.sql(STATS), params, binary=True).fetchone()
-        assert row is not None
-        return QueueStats(*row)
+        return QueueStats(*self._count(STATS))
 
     def _lapsed_claims(self) -> int:
+        return int(self._count(LAPSED_CLAIMS)[0])
+
+    def _count(self, statement: sql.SQL) -> tuple[Any, ...]:
         store = self._pg_store
         params = {"queue": self._name, "now": store._now()}
         with store._db.connection() as conn:
-            row = conn.execute(store.sql(LAPSED_CLAIMS), params, binary=True).fetchone()
+            row = conn.execute(store.sql(statement), params, binary=True).fetchone()
         assert row is not None
-        return int(row[0])
+        return row
 
     # -- pause and dead letters (docs/operations.md); the SQL is in
-    # _operations.
+    # _sql.operations.
 
     def _set_paused(self, paused: bool) -> bool:
         return _operations.set_paused(self, paused)
@@ -619,23 +224,3 @@ class PostgresQueue(Queue):
 
     def _purge_dead(self, cutoff: datetime | None) -> int:
         return _operations.purge_dead(self, cutoff)
-
-
-# The largest n whose claim has a rendering of its own (see CLAIM). A worker
-# claims its free slots, so it uses at most its concurrency's worth.
-_LITERAL_N_MAX = 16
-
-
-# The claim's parameters, in the order _claim passes them (see numbered).
-_CLAIM_PARAMETERS = ("queue", "now", "worker_id")
-
-
-@functools.lru_cache(maxsize=64)
-def _claim_query(schema: str, n: int) -> bytes:
-    fragments = dict(CLAIM.fragments)
-    fragments["limit"] = sql.Literal(n)
-    return numbered(render(Statement(CLAIM.template, **fragments), schema), _CLAIM_PARAMETERS)
-
-
-def _claim_order(job: Job) -> tuple[int, Any, int]:
-    return (-job.priority, job.run_at, job.id)

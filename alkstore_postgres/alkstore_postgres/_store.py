@@ -1,4 +1,13 @@
-"""The PostgreSQL :class:`~alkstore.Store` and the engine's entry point."""
+# WARNING: generated from _store_async.py by tools/async_to_sync.py.
+# Do not edit: change _store_async.py, then run `python tools/async_to_sync.py`.
+"""The PostgreSQL :class:`~alkstore.Store` and the engine's entry point.
+
+One source for two modules (docs/async.md "How the engines do it"):
+``_store_async`` is written by hand, ``_store`` is generated from it, as
+are the engine's other I/O modules (``_queue``, ``_handle``, ``_listener``
+...). The options and their checks are in :mod:`alkstore_postgres._options`,
+shared by both.
+"""
 
 from __future__ import annotations
 
@@ -17,90 +26,41 @@ from alkstore.engine import (
     UnreadableSchedule,
     check_engine_options,
     check_schema_version,
-    duration_s,
-    int_in_range,
-    redact_url,
 )
-from alkstore.errors import ValidationError
 from alkstore_postgres import _operations, _schedules, _schema, _vacuum
 from alkstore_postgres._clock import ServerClock
+from alkstore_postgres._clock_sample import SAMPLE_CLOCK
 from alkstore_postgres._compact import Compactor
-from alkstore_postgres._connection import (
-    POOLERS,
+from alkstore_postgres._connection import DatabaseIdentity, wrap_errors
+from alkstore_postgres._database import (
     Conn,
     Database,
-    DatabaseIdentity,
     check_pooled_server,
     database_identity,
-    wrap_errors,
 )
+from alkstore_postgres._listener import Listener
 from alkstore_postgres._maintenance import maintenance_turn
+from alkstore_postgres._migrate import migrate, read_version
+from alkstore_postgres._options import (
+    DEFAULT_POOL_MAX_SIZE,
+    DEFAULT_POOL_MIN_SIZE,
+    DEFAULT_POOL_TIMEOUT_S,
+    DEFAULT_QUERY_TIMEOUT_S,
+    DEFAULT_REPOLL_INTERVAL_S,
+    ENGINE_OPTIONS,
+    store_options,
+)
 from alkstore_postgres._queue import PostgresQueue
-from alkstore_postgres._schema import Statement
+from alkstore_postgres._schema import Statement, StatementCache
 from alkstore_postgres._subscription import PostgresSubscription
 from alkstore_postgres._url import parse_url
-from alkstore_postgres._wake import Listener
 
-__all__ = [
-    "DEFAULT_POOL_MAX_SIZE",
-    "DEFAULT_POOL_MIN_SIZE",
-    "DEFAULT_POOL_TIMEOUT_S",
-    "DEFAULT_QUERY_TIMEOUT_S",
-    "DEFAULT_REPOLL_INTERVAL_S",
-    "ENGINE_OPTIONS",
-    "PostgresStore",
-    "open_store",
-]
-
-#: Connections the pool keeps open when idle.
-DEFAULT_POOL_MIN_SIZE = 1
-#: The most connections the pool opens (operations running at once). The
-#: pool opens one only when an operation would otherwise wait, and closes
-#: those left unused for a minute, so a store holds about as many as its
-#: threads use at once: 64 threads on one store get a connection each
-#: instead of queueing for one of ten (bench_postgres.py's pool row).
-DEFAULT_POOL_MAX_SIZE = 64
-#: Seconds an operation waits for a pooled connection.
-DEFAULT_POOL_TIMEOUT_S = 30.0
-#: Seconds any one call to the server may wait for its answer. Under the
-#: default visibility timeout (30 s, a heartbeat every 10 s), a heartbeat
-#: stuck on a dead connection fails and is retried on a new one before the
-#: claims it keeps lapse.
-DEFAULT_QUERY_TIMEOUT_S = 15.0
-#: Seconds between a consumer's safety-net re-polls; also the LISTEN
-#: connection's idle time before it is checked with a ping.
-DEFAULT_REPOLL_INTERVAL_S = 30.0
-#: The engine options of this engine, besides docs/contract.md §2's common ones.
-ENGINE_OPTIONS = frozenset(
-    {
-        "schema",
-        "pool_min_size",
-        "pool_max_size",
-        "pool_timeout_s",
-        "query_timeout_s",
-        "repoll_interval_s",
-        "pooler",
-        "listen_url",
-    }
-)
-
-
-def _pooler(value: object) -> str | None:
-    if value is None or (isinstance(value, str) and value in POOLERS):
-        return value
-    raise ValidationError(
-        f"pooler must be None, 'session' or 'transaction' (PgBouncer's pool_mode), not {value!r}"
-    )
-
-
-def _pool_size(value: object, what: str, low: int) -> int:
-    return int_in_range(value, what, low, 10_000)
+__all__ = ["PostgresStore", "open_store"]
 
 
 def _sample_clock(conn: Conn) -> tuple[datetime, float]:
     before = time.monotonic()
-    # Binary results: independent of the session's DateStyle and TimeZone.
-    row = conn.execute("SELECT clock_timestamp()", binary=True).fetchone()
+    row = conn.execute(SAMPLE_CLOCK, binary=True).fetchone()
     after = time.monotonic()
     assert row is not None
     server: datetime = row[0]
@@ -111,17 +71,18 @@ class PostgresStore(Store):
     """An alkstore store in one PostgreSQL database (docs/contract.md §2).
 
     Open it with ``alkstore.open("postgresql://...")`` (or
-    :func:`open_store`). Operations borrow autocommit connections from a
-    ``psycopg_pool.ConnectionPool``; subscriptions share one LISTEN
-    connection per store.
+    :func:`open_store`). Operations borrow autocommit connections
+    from a ``psycopg_pool.ConnectionPool``; subscriptions share one
+    LISTEN connection per store.
 
     Parameters
     ----------
     conninfo
         A libpq connection string or URL.
     clock, rng
-        As :class:`~alkstore.Store`. With no clock, instants come from the
-        database server's clock (docs/contract.md §3 "Time"; see the package README).
+        As :class:`~alkstore.Store`. With no clock, instants come from
+        the database server's clock (docs/contract.md §3 "Time"; see the
+        package README).
     migrate
         Create or upgrade the schema now (default); with ``False`` only
         check its version.
@@ -132,7 +93,7 @@ class PostgresStore(Store):
         The connection pool's bounds (default 1 and 64 connections). The
         pool grows only while operations wait for a connection and closes
         connections unused for 60 s, so it holds about as many as the
-        store's threads use at once. The server must have slots for every
+        store's operations use at once. The server must have slots for every
         process's pool: docs/deployment.md "Connection budget".
     pool_timeout_s
         Seconds an operation waits for a pooled connection before it fails
@@ -210,26 +171,30 @@ class PostgresStore(Store):
         listen_url: object = None,
     ) -> None:
         super().__init__(clock=clock, rng=rng)
-        self._pooler = _pooler(pooler)
-        self._listen_conninfo = None if listen_url is None else parse_url(listen_url)
-        self._schema = _schema.check_schema_name(schema)
-        min_size = _pool_size(pool_min_size, "pool_min_size", 0)
-        max_size = _pool_size(pool_max_size, "pool_max_size", 1)
-        if max_size < min_size:
-            raise ValidationError(
-                f"pool_max_size ({max_size}) must not be below pool_min_size ({min_size})"
-            )
-        timeout_s = duration_s(pool_timeout_s, "pool_timeout_s", positive=True)
-        self._query_timeout_s = duration_s(query_timeout_s, "query_timeout_s", positive=True)
-        self._repoll_interval_s = duration_s(repoll_interval_s, "repoll_interval_s", positive=True)
-        self._url = redact_url(conninfo)
-        self._statements: dict[int, bytes] = {}
+        options = store_options(
+            conninfo,
+            schema=schema,
+            pool_min_size=pool_min_size,
+            pool_max_size=pool_max_size,
+            pool_timeout_s=pool_timeout_s,
+            query_timeout_s=query_timeout_s,
+            repoll_interval_s=repoll_interval_s,
+            pooler=pooler,
+            listen_url=listen_url,
+        )
+        self._pooler = options.pooler
+        self._listen_conninfo = options.listen_conninfo
+        self._schema = options.schema
+        self._query_timeout_s = options.query_timeout_s
+        self._repoll_interval_s = options.repoll_interval_s
+        self._url = options.url
+        self._statements = StatementCache(self._schema)
         self._compactor = Compactor(self)
         self._db = Database(
             conninfo,
-            min_size=min_size,
-            max_size=max_size,
-            timeout_s=timeout_s,
+            min_size=options.pool_min_size,
+            max_size=options.pool_max_size,
+            timeout_s=options.pool_timeout_s,
             query_timeout_s=self._query_timeout_s,
             name=f"alkstore-{self._schema}",
             pooler=self._pooler,
@@ -240,15 +205,15 @@ class PostgresStore(Store):
             watchdog=self._db.watchdog,
             ping_interval_s=self._repoll_interval_s,
             name=f"alkstore-listener-{self._schema}",
-            disabled=(
-                "behind a transaction pooler (pooler='transaction') without listen_url the "
-                "store cannot LISTEN: subscriptions never wake, consumers find new jobs by "
-                f"re-polling every repoll_interval_s ({self._repoll_interval_s:g} s)"
-                if self._pooler == "transaction" and self._listen_conninfo is None
-                else None
-            ),
+            disabled=options.listen_disabled,
         )
         self._db.on_dead_connection.append(self._listener.check_soon)
+        self._database: DatabaseIdentity
+        self._open(migrate)
+
+    def _open(self, migrate: bool) -> None:
+        # Check or migrate the schema, sample the server's clock and read
+        # the database's identity, then start the pool.
         try:
             # A direct connection first: an unreachable server fails here at
             # once rather than after the pool's timeout.
@@ -259,12 +224,12 @@ class PostgresStore(Store):
                     if migrate:
                         self._migrate_on(conn)
                     else:
-                        found = _schema.read_version(conn, self._schema)
+                        found = read_version(conn, self._schema)
                         where = f"schema {self._schema!r} of {self._url}"
                         check_schema_version(
                             found, _schema.SCHEMA_VERSION, migrating=False, where=where
                         )
-                    if clock is None:
+                    if not self._clock_injected:
                         self._server_clock.set_sample(*_sample_clock(conn))
                     self._database = database_identity(conn)
             finally:
@@ -296,11 +261,7 @@ class PostgresStore(Store):
 
     def sql(self, statement: Statement | sql.SQL) -> bytes:
         """The statement rendered for this store's schema (cached)."""
-        key = id(statement)
-        rendered = self._statements.get(key)
-        if rendered is None:
-            rendered = self._statements[key] = _schema.render(statement, self._schema)
-        return rendered
+        return self._statements(statement)
 
     # -- helpers for the other modules ---------------------------------------
 
@@ -344,7 +305,7 @@ class PostgresStore(Store):
     def _migrate_on(self, conn: Conn) -> None:
         # Through a transaction pooler a session-level lock could be taken
         # on one server connection and released on another.
-        _schema.migrate(
+        migrate(
             conn,
             self._schema,
             self._injected_now(),
@@ -365,7 +326,9 @@ class PostgresStore(Store):
         return PostgresQueue(self, name, opts)
 
     def _open_subscription(self, queue_name: str) -> PostgresSubscription:
-        return PostgresSubscription(self, queue_name)
+        subscription = PostgresSubscription(self, queue_name)
+        subscription._subscribe()
+        return subscription
 
     def _migrate(self) -> None:
         with self._db.connection() as conn:
@@ -373,7 +336,7 @@ class PostgresStore(Store):
 
     def _schema_version(self) -> int | None:
         with self._db.connection() as conn:
-            return _schema.read_version(conn, self._schema)
+            return read_version(conn, self._schema)
 
     def _close(self) -> None:
         try:
@@ -382,8 +345,8 @@ class PostgresStore(Store):
             self._db.close()
 
     # -- queue listing, schedules, maintenance (docs/operations.md,
-    # docs/schedules.md); the SQL is in _operations, _schedules and
-    # _maintenance.
+    # docs/schedules.md); the SQL is in _sql.operations, _sql.schedules and
+    # _sql.maintenance.
 
     def _queue_names(self) -> list[str]:
         return _operations.queue_names(self)
@@ -440,8 +403,9 @@ class PostgresStore(Store):
 
 
 def open_store(url: str, **engine_options: Any) -> PostgresStore:
-    """Open a PostgreSQL store; the ``alkstore.engines`` entry points
-    ``postgresql`` and ``postgres``.
+    """Open a PostgreSQL store: ``alkstore.open`` opens a
+    ``postgresql://`` or ``postgres://`` URL with it (through the
+    ``alkstore.engines`` entry points).
 
     Parameters
     ----------
@@ -472,4 +436,5 @@ def open_store(url: str, **engine_options: Any) -> PostgresStore:
     """
     check_engine_options(engine_options, ENGINE_OPTIONS)
     conninfo = parse_url(url)
-    return PostgresStore(conninfo, **engine_options)
+    store = PostgresStore(conninfo, **engine_options)
+    return store

@@ -1,3 +1,5 @@
+# WARNING: generated from _subscription_async.py by tools/async_to_sync.py.
+# Do not edit: change _subscription_async.py, then run `python tools/async_to_sync.py`.
 """The PostgreSQL :class:`~alkstore.Subscription` (docs/contract.md §3 "Wake")."""
 
 from __future__ import annotations
@@ -5,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from alkstore import Subscription
-from alkstore.engine import WakeLatch
+from alkstore_postgres._acompat import WakeLatch
 from alkstore_postgres._wake import channel_name
 
 if TYPE_CHECKING:
@@ -17,17 +19,15 @@ __all__ = ["PostgresSubscription"]
 class PostgresSubscription(Subscription):
     """Wakes for one queue, from the store's LISTEN connection.
 
-    Level-triggered through a :class:`~alkstore.engine.WakeLatch`: the
-    store's listener thread sets it for every NOTIFY on the queue's channel,
-    and once after each reconnection of the LISTEN connection (wakes may
-    have been lost meanwhile). :meth:`wait` returns ``True`` only then (so
-    rarely spuriously); re-polling on an interval is the consumer's job
-    (see ``PostgresStore.repoll_interval_s``).
+    Level-triggered through a wake latch: the store's listener sets it for
+    every NOTIFY on the queue's channel, and once after each reconnection of
+    the LISTEN connection (wakes may have been lost meanwhile). :meth:`wait`
+    returns ``True`` only then (so rarely spuriously), and waits for it
+    without polling; re-polling on an interval is the consumer's job (see
+    ``PostgresStore.repoll_interval_s``).
 
-    Raises
-    ------
-    EngineError
-        On creation, if the store's first LISTEN connection cannot be opened.
+    Made by the store's ``listen``, which raises ``EngineError`` if the
+    store's first LISTEN connection cannot be opened.
     """
 
     def __init__(self, store: PostgresStore, queue_name: str) -> None:
@@ -35,17 +35,19 @@ class PostgresSubscription(Subscription):
         self._pg_store = store
         self._channel = channel_name(store.schema, queue_name)
         self._latch = WakeLatch()
-        store._listener.subscribe(self._channel, self._latch)
 
     @property
     def channel(self) -> str:
         """The NOTIFY channel this subscription listens on."""
         return self._channel
 
+    def _subscribe(self) -> None:
+        self._pg_store._listener.subscribe(self._channel, self._latch)
+
     def _wait(self, timeout_s: float) -> bool:
         return self._latch.wait(timeout_s)
 
     def _close(self) -> None:
         self._pg_store._listener.unsubscribe(self._channel, self._latch)
-        # Release a waiter blocked in another thread.
+        # Release a waiter blocked elsewhere.
         self._latch.set()

@@ -15,6 +15,14 @@ the socket of any call still waiting at its deadline. The waiting call then
 returns at once: libpq reports the connection lost, the guard raises
 :class:`~alkstore.errors.EngineError` naming the bound, and the connection
 is closed, so the pool replaces it and the caller's retry runs on a new one.
+
+Shared as it is by the sync and the async engine, not generated: the
+watchdog is a thread whatever the caller is, and a socket shut down under a
+``psycopg.AsyncConnection`` ends its wait just the same (the event loop
+sees the socket readable, psycopg reads the end of the stream). A guard is
+entered with ``with`` on a sync connection and with ``async with`` on an
+async one (whose close is awaited); the expiry callback runs on the
+watchdog's thread either way (the async store hands it to its loop).
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from alkstore.errors import EngineError
 __all__ = ["Guard", "Watchdog", "break_socket"]
 
 
-def break_socket(conn: psycopg.Connection[Any]) -> None:
+def break_socket(conn: psycopg.BaseConnection[Any]) -> None:
     """Shut down ``conn``'s socket in both directions, so that a call
     waiting on it returns at once and fails; its descriptor stays libpq's.
     Never raises."""
@@ -76,9 +84,10 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def guard(self, conn: psycopg.Connection[Any]) -> Guard:
+    def guard(self, conn: psycopg.BaseConnection[Any]) -> Guard:
         """A context manager bounding the calls made on ``conn`` inside it
-        to :attr:`timeout_s` in all.
+        to :attr:`timeout_s` in all: ``with`` for a ``psycopg.Connection``,
+        ``async with`` for a ``psycopg.AsyncConnection``.
 
         Raises
         ------
@@ -96,7 +105,7 @@ class Watchdog:
             "the connection was dropped"
         )
 
-    def interrupt(self, conn: psycopg.Connection[Any]) -> None:
+    def interrupt(self, conn: psycopg.BaseConnection[Any]) -> None:
         """End the guarded calls on ``conn`` now, as if their deadline had
         passed (for a closing store's own connections; ``on_expiry`` is not
         called: nothing is known to be dead)."""
@@ -163,7 +172,7 @@ class Guard:
 
     __slots__ = ("conn", "deadline", "expired", "watchdog")
 
-    def __init__(self, watchdog: Watchdog, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, watchdog: Watchdog, conn: psycopg.BaseConnection[Any]) -> None:
         self.watchdog = watchdog
         self.conn = conn
         self.deadline = 0.0
@@ -179,11 +188,35 @@ class Guard:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._left():
+            conn = self.conn
+            assert isinstance(conn, psycopg.Connection), "an async connection takes async with"
+            with contextlib.suppress(Exception):
+                conn.close()
+            self._raise_for(exc)
+
+    async def __aenter__(self) -> None:
+        self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._left():
+            conn = self.conn
+            assert isinstance(conn, psycopg.AsyncConnection), "a sync connection takes with"
+            with contextlib.suppress(Exception):
+                await conn.close()
+            self._raise_for(exc)
+
+    def _left(self) -> bool:
+        # Whether the deadline passed: the connection was broken, and is
+        # closed now even if the block's last answer came in time.
         self.watchdog._unregister(self)
-        if not self.expired:
-            return
-        # Broken even if the block's last answer came in time.
-        with contextlib.suppress(Exception):
-            self.conn.close()
+        return self.expired
+
+    def _raise_for(self, exc: BaseException | None) -> None:
         if isinstance(exc, psycopg.Error):
             raise self.watchdog.timeout_error() from exc

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 from postgres_bouncer import Bouncer, BouncerUnavailable, pgbouncer
+from postgres_proxy import StallingProxy
 from postgres_server import drop_schema, fresh_schema_name, postgres_server, skip_or_fail
 
 from alkstore_contract_tests import ManualClock
@@ -94,3 +95,18 @@ def open_pg(
 def store(open_pg: Callable[..., PostgresStore]) -> PostgresStore:
     """A store on a fresh schema with the test's manual clock."""
     return open_pg()
+
+
+@pytest.fixture
+def proxy(postgres_url: str) -> Iterator[StallingProxy]:
+    """A proxy in front of the test server that can stop forwarding on its
+    open connections without closing them (``postgres_proxy``)."""
+    with StallingProxy(postgres_url) as running:
+        yield running
+
+
+@pytest.fixture
+def direct(open_pg: Callable[..., PostgresStore]) -> PostgresStore:
+    """A store on the test's schema straight to the server (it migrates
+    the schema, so the proxied stores only read its version)."""
+    return open_pg(clock=None)

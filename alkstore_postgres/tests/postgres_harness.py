@@ -10,7 +10,7 @@ fixture (``conftest.py``), dropped afterwards.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import psycopg
 import pytest
@@ -57,6 +57,27 @@ class PostgresHarness(EngineHarness):
                 yield conn
         finally:
             drop_schema(target.url, app_schema)
+
+    @contextlib.asynccontextmanager
+    async def async_app_connection(
+        self, target: StoreTarget
+    ) -> AsyncIterator[psycopg.AsyncConnection[tuple[object, ...]]]:
+        """As :meth:`app_connection`, a ``psycopg.AsyncConnection``: what the
+        native async store's ``enqueue_tx`` takes."""
+        app_schema = fresh_schema_name("app")
+        async with await psycopg.AsyncConnection.connect(target.url, autocommit=True) as admin:
+            await admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(app_schema)))
+        try:
+            async with await psycopg.AsyncConnection.connect(target.url, autocommit=True) as conn:
+                await conn.execute(
+                    sql.SQL("SET search_path TO {}").format(sql.Identifier(app_schema))
+                )
+                yield conn
+        finally:
+            async with await psycopg.AsyncConnection.connect(target.url, autocommit=True) as admin:
+                await admin.execute(
+                    sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(app_schema))
+                )
 
     @contextlib.contextmanager
     def dead_letter_inserts_fail(self, target: StoreTarget) -> Iterator[None]:
@@ -185,6 +206,14 @@ class BouncerHarness(PostgresHarness):
     ) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
         """As :meth:`PostgresHarness.app_connection`, on the server."""
         with super().app_connection(self._direct(target)) as conn:
+            yield conn
+
+    @contextlib.asynccontextmanager
+    async def async_app_connection(
+        self, target: StoreTarget
+    ) -> AsyncIterator[psycopg.AsyncConnection[tuple[object, ...]]]:
+        """As :meth:`PostgresHarness.async_app_connection`, on the server."""
+        async with super().async_app_connection(self._direct(target)) as conn:
             yield conn
 
     def dead_letter_inserts_fail(

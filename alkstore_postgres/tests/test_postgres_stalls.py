@@ -16,7 +16,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,19 +77,6 @@ def backend_pid(store: PostgresStore) -> int:
 def listener_pid(store: PostgresStore) -> int:
     pid: int = store._listener.call(lambda conn: conn.info.backend_pid)
     return pid
-
-
-@pytest.fixture
-def proxy(postgres_url: str) -> Iterator[StallingProxy]:
-    with StallingProxy(postgres_url) as running:
-        yield running
-
-
-@pytest.fixture
-def direct(open_pg: Callable[..., PostgresStore]) -> PostgresStore:
-    """A store on the test's schema straight to the server (it migrates
-    the schema, so the proxied stores only read its version)."""
-    return open_pg(clock=None)
 
 
 def alive(admin: psycopg.Connection[Any], pid: int) -> bool:

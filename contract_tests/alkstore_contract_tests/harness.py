@@ -13,7 +13,8 @@ raises until overridden).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+import inspect
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, ClassVar, NamedTuple
 
 import pytest
@@ -22,7 +23,7 @@ import alkstore
 from alkstore import Store
 from alkstore.contract.registry import AsyncOpen
 
-__all__ = ["JOB_INSERT_FAULT", "EngineHarness", "StoreTarget"]
+__all__ = ["JOB_INSERT_FAULT", "EngineHarness", "StoreTarget", "resolved"]
 
 #: The text of the database error :meth:`EngineHarness.job_inserts_fail`
 #: raises, so the suite can find it in what the scheduler reports.
@@ -115,6 +116,30 @@ class EngineHarness:
         """Open a transaction on an :meth:`app_connection` connection."""
         conn.execute("BEGIN")
 
+    @contextlib.asynccontextmanager
+    async def async_app_connection(self, target: StoreTarget) -> AsyncIterator[Any]:
+        """Yield the application's own driver connection for
+        ``AsyncQueue.enqueue_tx``, as :meth:`app_connection` does for
+        ``Queue.enqueue_tx``: of the type the engine's *async* ``enqueue_tx``
+        takes, to the target's database, in autocommit mode.
+
+        The default yields :meth:`app_connection`'s, the sync driver's
+        connection, which the core's thread adapter passes to the sync
+        engine's ``enqueue_tx`` on one of its threads (docs/async.md). An
+        engine with native async primitives whose ``enqueue_tx`` takes its
+        async driver's connection overrides it (PostgreSQL: a
+        ``psycopg.AsyncConnection``). The suite drives the connection as
+        :meth:`app_connection`'s, with :meth:`begin_async`,
+        ``conn.execute(sql)``, ``fetchall()``, ``conn.commit()`` and
+        ``conn.rollback()``, awaiting what they return when it is
+        awaitable (:func:`resolved`), so either kind of driver works."""
+        with self.app_connection(target) as conn:
+            yield conn
+
+    async def begin_async(self, conn: Any) -> None:
+        """Open a transaction on an :meth:`async_app_connection` connection."""
+        await resolved(conn.execute("BEGIN"))
+
     @contextlib.contextmanager
     def dead_letter_inserts_fail(self, target: StoreTarget) -> Iterator[None]:
         """While inside, every insert into the engine's dead-letter table
@@ -156,3 +181,11 @@ class EngineHarness:
         ``EngineError``; on leaving, they work again (regression case 015)."""
         pytest.skip("this engine's harness cannot inject job-write faults")
         yield  # type: ignore[unreachable]  # pragma: no cover
+
+
+async def resolved(value: Any) -> Any:
+    """``value``, awaited if it is awaitable: the result of a call on a
+    sync driver's connection or on an async driver's alike."""
+    if inspect.isawaitable(value):
+        return await value
+    return value

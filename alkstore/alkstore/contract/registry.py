@@ -226,9 +226,18 @@ def open_async(url: str | None = None, **engine_options: Any) -> AsyncOpen:
 
 
 async def _open_async(url: str, engine_options: dict[str, Any]) -> AsyncStore:
+    import asyncio  # a loop runs this coroutine: already imported
+
+    # Off the loop, as the engine's own import: a module's first import
+    # reads (and perhaps compiles) its file.
+    open_threaded = await asyncio.to_thread(_threaded_opener)
+    return await open_threaded(_engine_for, url, engine_options)
+
+
+def _threaded_opener() -> Callable[..., Coroutine[Any, Any, AsyncStore]]:
     from alkstore.contract.threaded import open_threaded
 
-    return await open_threaded(_engine_for, url, engine_options)
+    return open_threaded
 
 
 class AsyncOpen:

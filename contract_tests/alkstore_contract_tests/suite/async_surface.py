@@ -16,7 +16,8 @@ What it checks:
 - the state machine of :mod:`.stateful` driving the async API against the
   model;
 - ``enqueue_tx`` through the async surface on the harness's application
-  connection (docs/contract.md §3 "Transactional enqueue");
+  connection for it (``async_app_connection``; docs/contract.md §3
+  "Transactional enqueue");
 - the event loop is never blocked: every operation that reads or writes
   the database yields to the loop while it waits, and a ticker keeps
   ticking while many coroutines work.
@@ -33,6 +34,7 @@ import inspect
 import os
 import random
 import time
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -57,10 +59,9 @@ from alkstore import (
 from alkstore_contract_tests import _children
 from alkstore_contract_tests._clock import T0, ManualClock
 from alkstore_contract_tests._fixtures import ContractFixtures, StoreFactory
-from alkstore_contract_tests.harness import StoreTarget
+from alkstore_contract_tests.harness import EngineHarness, StoreTarget, resolved
 from alkstore_contract_tests.suite.concurrency import SpawnFixtures, _Spawner
 from alkstore_contract_tests.suite.stateful import QueueMachine, stateful_settings
-from alkstore_contract_tests.suite.transactional import App, AppFixtures
 from alkstore_contract_tests.suite.validation import (
     BAD_DURATIONS,
     BAD_ERRORS,
@@ -74,6 +75,7 @@ from alkstore_contract_tests.suite.validation import (
 from alkstore_contract_tests.suite.wake import QUIET_S, WAKE_TIMEOUT_S
 
 __all__ = [
+    "AsyncApp",
     "AsyncConcurrencyTests",
     "AsyncLoopTests",
     "AsyncStatefulTests",
@@ -637,64 +639,122 @@ class AsyncStatefulTests(AsyncFixtures):
 # -- transactional enqueue through the async surface -------------------------
 
 
-class AsyncTransactionalTests(AppFixtures, AsyncFixtures):
+class AsyncApp:
+    """The application's side of the async transactional tests: its
+    connection (the harness's :meth:`~alkstore_contract_tests.EngineHarness.async_app_connection`,
+    a sync or an async driver's) and its own table, every call awaited
+    when the driver's result is awaitable."""
+
+    def __init__(self, harness: EngineHarness, conn: Any, table: str) -> None:
+        self.harness = harness
+        self.conn = conn
+        self.table = table
+
+    async def begin(self) -> None:
+        await self.harness.begin_async(self.conn)
+
+    async def execute(self, sql: str) -> list[Any] | None:
+        """Run ``sql``; its rows, or ``None`` for a statement without."""
+        cursor = await resolved(self.conn.execute(sql.replace("orders", self.table)))
+        if cursor.description is None:
+            return None
+        return list(await resolved(cursor.fetchall()))
+
+    async def commit(self) -> None:
+        await resolved(self.conn.commit())
+
+    async def rollback(self) -> None:
+        await resolved(self.conn.rollback())
+
+    async def orders(self) -> list[int]:
+        return sorted(row[0] for row in await self.execute("SELECT id FROM orders") or [])
+
+
+class AsyncTransactionalTests(AsyncFixtures):
     """``AsyncQueue.enqueue_tx`` inside the caller's transaction, on the
-    harness's ``app_connection``. That is the engine's sync driver
-    connection (the harness gives no async one): through the thread adapter
-    the enqueue runs on one of the async store's threads, while the test
-    drives the connection's transaction from the loop's thread, never both
-    at once (docs/async.md "Sync engines under asyncio")."""
+    harness's ``async_app_connection``: by default the engine's sync
+    driver connection, which the thread adapter passes to the sync
+    ``enqueue_tx`` on one of the async store's threads while the test
+    drives the transaction from the loop's thread, never both at once
+    (docs/async.md "Sync engines under asyncio"); for an engine with native
+    async primitives, its async driver's connection."""
+
+    @asynccontextmanager
+    async def async_app(self, target: StoreTarget) -> AsyncIterator[AsyncApp]:
+        """The application's connection and its own empty table ``orders (id
+        INTEGER PRIMARY KEY)``, unique to the test, dropped afterwards;
+        taken once the test's async store is open."""
+        async with self.async_app_connection(target) as conn:
+            app = AsyncApp(self, conn, f"orders_{uuid.uuid4().hex[:12]}")
+            await app.begin()
+            await app.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+            await app.commit()
+            try:
+                yield app
+            finally:
+                await app.rollback()  # a no-op unless a failed test left one open
+                await app.begin()
+                await app.execute("DROP TABLE orders")
+                await app.commit()
 
     def test_async_surface_tx_commit_makes_the_job_visible_and_wakes(
-        self, app: App, async_store: Callable[..., Any]
+        self, alkstore_target: StoreTarget, async_store: Callable[..., Any]
     ) -> None:
         async def main() -> list[Any]:
-            async with async_store() as store, await store.listen("jobs") as sub:
+            async with (
+                async_store() as store,
+                await store.listen("jobs") as sub,
+                self.async_app(alkstore_target) as app,
+            ):
                 q = store.queue("jobs")
-                self.begin(app.conn)
-                app.execute("INSERT INTO orders (id) VALUES (43)")
+                await app.begin()
+                await app.execute("INSERT INTO orders (id) VALUES (43)")
                 job_id = await q.enqueue_tx(app.conn, {"order": 43}, priority=2, delay=0)
                 hidden = [await q.get_job(job_id), await q.stats()]
-                app.commit()
+                await app.commit()
                 woken = await sub.wait(WAKE_TIMEOUT_S)
                 handle = await q.claim_one("w")
                 assert handle is not None
-                return [type(job_id), *hidden, woken, handle.id == job_id, handle.payload]
+                got = [type(job_id), *hidden, woken, handle.id == job_id, handle.payload]
+                return [*got, await app.orders()]
 
         got = run_on_a_loop(main())
-        assert got == [int, None, (0, 0, 0, 0), True, True, {"order": 43}]
-        assert app.orders() == [43]
+        assert got == [int, None, (0, 0, 0, 0), True, True, {"order": 43}, [43]]
 
     def test_async_surface_tx_rollback_leaves_no_job_and_no_wake(
-        self, app: App, async_store: Callable[..., Any]
+        self, alkstore_target: StoreTarget, async_store: Callable[..., Any]
     ) -> None:
         async def main() -> list[Any]:
-            async with async_store() as store, await store.listen("jobs") as sub:
+            async with (
+                async_store() as store,
+                await store.listen("jobs") as sub,
+                self.async_app(alkstore_target) as app,
+            ):
                 q = store.queue("jobs")
-                self.begin(app.conn)
-                app.execute("INSERT INTO orders (id) VALUES (42)")
+                await app.begin()
+                await app.execute("INSERT INTO orders (id) VALUES (42)")
                 job_id = await q.enqueue_tx(app.conn, {"order": 42})
-                app.rollback()
-                return [await sub.wait(QUIET_S), await q.get_job(job_id), await q.stats()]
+                await app.rollback()
+                got = [await sub.wait(QUIET_S), await q.get_job(job_id), await q.stats()]
+                return [*got, await app.orders()]
 
-        assert run_on_a_loop(main()) == [False, None, (0, 0, 0, 0)]
-        assert app.orders() == []
+        assert run_on_a_loop(main()) == [False, None, (0, 0, 0, 0), []]
 
     def test_async_surface_tx_refusals_leave_the_callers_transaction_usable(
-        self, app: App, async_store: Callable[..., Any]
+        self, alkstore_target: StoreTarget, async_store: Callable[..., Any]
     ) -> None:
         """Regression case 007 through the async surface: a refused payload
         or option raises ``ValidationError`` and the caller's transaction
         goes on; a connection outside a transaction is refused."""
 
         async def main() -> list[Any]:
-            async with async_store() as store:
+            async with async_store() as store, self.async_app(alkstore_target) as app:
                 q = store.queue("jobs")
                 refused = []
                 with pytest.raises(ValidationError):
                     await q.enqueue_tx(app.conn, "outside a transaction")
-                self.begin(app.conn)
-                app.execute("INSERT INTO orders (id) VALUES (7)")
+                await app.begin()
+                await app.execute("INSERT INTO orders (id) VALUES (7)")
                 for payload, options in [
                     (float("nan"), {}),
                     ({1: "int key"}, {}),
@@ -705,16 +765,16 @@ class AsyncTransactionalTests(AppFixtures, AsyncFixtures):
                         await q.enqueue_tx(app.conn, payload, **options)
                     except ValidationError:
                         refused.append(True)
-                assert tuple(app.execute("SELECT 1").fetchone()) == (1,)
+                assert [tuple(row) for row in await app.execute("SELECT 1") or []] == [(1,)]
                 job_id = await q.enqueue_tx(app.conn, {"s": "a\u0000b"})
-                app.commit()
+                await app.commit()
                 handle = await q.claim_one("w")
                 assert handle is not None
-                return [refused, handle.id == job_id, handle.payload, await q.stats()]
+                got = [refused, handle.id == job_id, handle.payload, await q.stats()]
+                return [*got, await app.orders()]
 
         got = run_on_a_loop(main())
-        assert got == [[True] * 4, True, {"s": "a\u0000b"}, (0, 0, 1, 0)]
-        assert app.orders() == [7]
+        assert got == [[True] * 4, True, {"s": "a\u0000b"}, (0, 0, 1, 0), [7]]
 
 
 # -- the loop is never blocked -----------------------------------------------

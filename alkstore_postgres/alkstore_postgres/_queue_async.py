@@ -1,0 +1,224 @@
+"""The PostgreSQL :class:`~alkstore.AsyncQueue`: enqueue, claim and the
+queue-wide operations (docs/contract.md §3).
+
+Every operation is one statement on an autocommit pool connection: one
+round trip, one transaction. Each takes one reading of the store's clock
+(the injected one, or the server's, see :mod:`alkstore_postgres._clock`)
+and passes it as the parameter ``now``, so a statement never reads a clock
+of its own. The statements and their parameters are in
+:mod:`alkstore_postgres._sql.queue` (``CLAIM`` and ``LAPSED_CLAIMS`` are
+re-exported here).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import tuple_row
+
+from alkstore import AsyncJobHandle, AsyncQueue, Job, QueueOpts, QueueStats, SweepResult
+from alkstore.engine import EncodedPayload, Resolved
+from alkstore.errors import EngineError, ValidationError
+from alkstore_postgres import _operations_async
+from alkstore_postgres._connection import check_tx_connection, wrap_errors
+from alkstore_postgres._database_async import database_identity
+from alkstore_postgres._handle_async import AsyncPostgresJobHandle
+from alkstore_postgres._rows import job_from_row
+from alkstore_postgres._sql.queue import (
+    ACK_BATCH,
+    ACK_MANY,
+    CANCEL,
+    CLAIM,
+    DEADLOCK_ATTEMPTS,
+    GET_JOB,
+    INT64_MAX,
+    INT64_MIN,
+    LAPSED_CLAIMS,
+    LITERAL_N_MAX,
+    STATS,
+    SWEEP_EXPIRED,
+    claim_order,
+    claim_query,
+    insert,
+    inserted_ids,
+    sweep_params,
+    sweep_result,
+)
+from alkstore_postgres._wake import channel_name
+
+if TYPE_CHECKING:
+    from alkstore_postgres._store_async import AsyncPostgresStore
+
+__all__ = ["CLAIM", "LAPSED_CLAIMS", "AsyncPostgresQueue"]
+
+
+class AsyncPostgresQueue(AsyncQueue):
+    """A handle on one named queue of a :class:`AsyncPostgresStore` (docs/contract.md §2).
+
+    ``enqueue_tx`` takes a ``psycopg.AsyncConnection`` (3.x) to the store's
+    database, inside an open transaction.
+    """
+
+    def __init__(self, store: AsyncPostgresStore, name: str, opts: QueueOpts) -> None:
+        super().__init__(store, name, opts)
+        self._pg_store = store
+        self._channel = channel_name(store.schema, name)
+
+    @property
+    def channel(self) -> str:
+        """The NOTIFY channel that wakes this queue's subscribers."""
+        return self._channel
+
+    # -- engine primitives ---------------------------------------------------
+
+    async def _insert(self, resolved: Resolved, payloads: Sequence[EncodedPayload]) -> list[int]:
+        store = self._pg_store
+        statement, params = insert(self._name, self._channel, resolved, payloads)
+        # Prepared on each pooled connection after its first use, parameters
+        # and results in binary: psycopg's own fast path.
+        async with store._db.connection() as conn:
+            cur = await conn.execute(store.sql(statement), params, prepare=True, binary=True)
+            row = await cur.fetchone()
+        return inserted_ids(row, len(payloads))
+
+    async def _insert_tx(self, conn: Any, resolved: Resolved, payload: EncodedPayload) -> int:
+        check_tx_connection(conn, psycopg.AsyncConnection)
+        statement, params = insert(self._name, self._channel, resolved, [payload])
+        store = self._pg_store
+        with wrap_errors():
+            theirs = await database_identity(conn)
+            if not await store._is_own_database(theirs):
+                where = "another server" if theirs[1] == store._database[1] else repr(theirs[1])
+                raise ValidationError(
+                    f"enqueue_tx needs a connection to the store's database "
+                    f"({store._database[1]!r} of {store._url}); this one is on {where}"
+                )
+            # The caller's connection may have its own row factory: a cursor
+            # of our own. alkstore never commits or rolls it back.
+            async with conn.cursor(row_factory=tuple_row) as cur:
+                row = await (await cur.execute(store.sql(statement), params)).fetchone()
+        return inserted_ids(row, 1)[0]
+
+    async def _claim(self, worker_id: str, n: int) -> list[AsyncJobHandle]:
+        store = self._pg_store
+        # LIMIT takes a bigint; no table holds more rows than that anyway.
+        n = min(n, INT64_MAX)
+        # A larger n is sent unprepared: planned at its call, knowing its LIMIT.
+        prepare = n <= LITERAL_N_MAX
+        query = claim_query(store.schema, n)
+        begun = time.monotonic()
+        async with store._db.connection() as conn, psycopg.AsyncRawCursor(conn) as cur:
+            # Read once the connection is at hand (AsyncPostgresStore._now_on).
+            params = (self._name, await store._now_on(conn), worker_id)
+            await cur.execute(query, params, prepare=prepare, binary=True)
+            rows = await cur.fetchall()
+        # A slow claim may be walking dead rows that vacuum cannot remove (a
+        # long transaction elsewhere): compaction takes them out (_compact).
+        await store._compactor.after_claim(time.monotonic() - begun, n)
+        jobs = sorted(map(job_from_row, rows), key=claim_order)
+        return [AsyncPostgresJobHandle(self, job) for job in jobs]
+
+    async def _ack_batch(self, job_ids: list[int]) -> int:
+        ids = [i for i in job_ids if INT64_MIN <= i <= INT64_MAX]
+        if not ids:
+            return 0
+        count, _ = await self._delete_acked(ACK_BATCH, {"ids": ids, "queue": self._name})
+        return count
+
+    async def _ack_many(self, handles: list[AsyncJobHandle]) -> list[bool]:
+        # One statement for the batch, each claim judged by its identity
+        # (docs/contract.md §3 "ack_many(handles)"). Ids come from claims,
+        # so they are in range.
+        params: dict[str, Any] = {
+            "ids": [h.id for h in handles],
+            "attempts": [h.attempts for h in handles],
+            "queue": self._name,
+        }
+        _, rows = await self._delete_acked(ACK_MANY, params)
+        acked = {(i, a) for i, a in rows}
+        return [(h.id, h.attempts) in acked for h in handles]
+
+    async def _delete_acked(
+        self, statement: sql.SQL, params: dict[str, Any]
+    ) -> tuple[int, list[tuple[Any, ...]]]:
+        # The count of deleted rows, and the rows the statement returns.
+        store = self._pg_store
+        for attempt in range(DEADLOCK_ATTEMPTS):
+            try:
+                async with store._db.connection() as conn:
+                    # Read once the connection is at hand (AsyncPostgresStore._now_on).
+                    params["now"] = await store._now_on(conn)
+                    cur = await conn.execute(store.sql(statement), params, prepare=True)
+                    rows = await cur.fetchall() if cur.description is not None else []
+                    return cur.rowcount, rows
+            except EngineError as error:
+                # Two batches waiting for each other's rows: PostgreSQL
+                # aborted this one, so nothing was acked; acking is
+                # idempotent, so run it again.
+                deadlock = isinstance(error.__cause__, psycopg.errors.DeadlockDetected)
+                if not deadlock or attempt == DEADLOCK_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _cancel(self, job_id: int) -> bool:
+        if not INT64_MIN <= job_id <= INT64_MAX:
+            return False
+        store = self._pg_store
+        params = {"id": job_id, "queue": self._name}
+        async with store._db.connection() as conn:
+            return (await conn.execute(store.sql(CANCEL), params, prepare=True)).rowcount == 1
+
+    async def _get_job(self, job_id: int) -> Job | None:
+        if not INT64_MIN <= job_id <= INT64_MAX:
+            return None
+        store = self._pg_store
+        params = {"id": job_id, "queue": self._name}
+        async with store._db.connection() as conn:
+            cur = await conn.execute(store.sql(GET_JOB), params, prepare=True, binary=True)
+            row = await cur.fetchone()
+        return None if row is None else job_from_row(row)
+
+    async def _sweep_expired(self, retention_s: float | None) -> SweepResult:
+        store = self._pg_store
+        params = sweep_params(self._name, await store._now(), retention_s)
+        async with store._db.connection() as conn:
+            cur = await conn.execute(store.sql(SWEEP_EXPIRED), params, binary=True)
+            row = await cur.fetchone()
+        return sweep_result(row, params)
+
+    async def _stats(self) -> QueueStats:
+        return QueueStats(*await self._count(STATS))
+
+    async def _lapsed_claims(self) -> int:
+        return int((await self._count(LAPSED_CLAIMS))[0])
+
+    async def _count(self, statement: sql.SQL) -> tuple[Any, ...]:
+        store = self._pg_store
+        params = {"queue": self._name, "now": await store._now()}
+        async with store._db.connection() as conn:
+            row = await (await conn.execute(store.sql(statement), params, binary=True)).fetchone()
+        assert row is not None
+        return row
+
+    # -- pause and dead letters (docs/operations.md); the SQL is in
+    # _sql.operations.
+
+    async def _set_paused(self, paused: bool) -> bool:
+        return await _operations_async.set_paused(self, paused)
+
+    async def _is_paused(self) -> bool:
+        return await _operations_async.is_paused(self)
+
+    async def _dead_jobs(self, limit: int, after_id: int | None) -> list[Job]:
+        return await _operations_async.dead_jobs(self, limit, after_id)
+
+    async def _requeue(self, job_id: int, now: datetime, run_at: datetime) -> bool:
+        return await _operations_async.requeue(self, job_id, now, run_at)
+
+    async def _purge_dead(self, cutoff: datetime | None) -> int:
+        return await _operations_async.purge_dead(self, cutoff)
