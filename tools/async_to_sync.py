@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
-"""Generate the sync contract modules from their async sources.
+"""Generate the sync contract and runtime modules from their async sources.
 
-The async ABCs (``alkstore/alkstore/contract/*_async.py``) are written by
+The async ABCs (``alkstore/alkstore/contract/*_async.py``) and the async
+runtime modules (``alkstore/alkstore/runtime/*_async.py``: the lease, the
+heartbeater, the outbox, the scheduler and the sweeper) are written by
 hand; each sync module beside them (``queue_async.py`` -> ``queue.py``) is
 generated from it, as psycopg generates ``connection.py`` from
 ``connection_async.py``, so the two cannot drift: one copy of the
-validation, resolution and backoff calls, two faces.
+validation, resolution and backoff calls, two faces. The runtime's sources
+use the paired primitives of ``alkstore/alkstore/runtime/_acompat_async.py``
+(``AEvent``, ``aspawn``, ``asleep`` ...), whose thread twins of the same
+names without the ``A`` live in ``_acompat.py``, as psycopg_pool's do.
 
 The conversion is on the concrete syntax tree (libcst), so comments,
 docstrings and layout survive; then ``ruff`` sorts the imports and formats
@@ -15,7 +20,9 @@ the result. It:
   ``with``/``for`` and ``await x`` into ``x``;
 - renames identifiers by :data:`NAMES` (``AsyncQueue`` -> ``Queue``,
   ``__aenter__`` -> ``__enter__`` ...), also inside strings, docstrings and
-  comments (whole words only), and imports of ``*_async`` modules;
+  comments (whole words only), and imports of ``*_async`` modules (and
+  their dotted paths in text);
+- turns the types ``Awaitable[T]`` and ``Coroutine[Any, Any, T]`` into ``T``;
 - drops the body of ``if is_async():`` keeping its ``else:`` (nothing uses
   it yet; it is the escape hatch for code that must differ);
 - writes a header saying the file is generated, from what, by what.
@@ -48,6 +55,11 @@ SOURCES = (
     "alkstore/alkstore/contract/queue_async.py",
     "alkstore/alkstore/contract/subscription_async.py",
     "alkstore/alkstore/contract/store_async.py",
+    "alkstore/alkstore/runtime/lease_async.py",
+    "alkstore/alkstore/runtime/heartbeat_async.py",
+    "alkstore/alkstore/runtime/scheduler_async.py",
+    "alkstore/alkstore/runtime/sweeper_async.py",
+    "alkstore/alkstore/runtime/outbox_async.py",
 )
 
 #: Identifier renames, applied to names, attributes, strings and comments.
@@ -62,9 +74,34 @@ NAMES = {
     "__aexit__": "__exit__",
     "open_async": "open",
     "check_async_store": "check_store",
+    # The runtime's async classes (alkstore/alkstore/runtime/*_async.py).
+    "AsyncLease": "Lease",
+    "AsyncHeartbeater": "Heartbeater",
+    "AsyncOutbox": "Outbox",
+    "AsyncScheduler": "Scheduler",
+    "AsyncSweeper": "Sweeper",
+    # The paired primitives of alkstore/alkstore/runtime/_acompat*.py
+    # (psycopg_pool's names).
+    "AEvent": "Event",
+    "ALock": "Lock",
+    "ACondition": "Condition",
+    "ASpawned": "Spawned",
+    "asleep": "sleep",
+    "aspawn": "spawn",
+    "agather": "gather",
+    "await_event": "wait_event",
+    "acaller": "caller",
+    "an asyncio.Event": "a threading.Event",
+    "an AsyncQueue": "a Queue",
+    "asyncio.Event": "threading.Event",
 }
 
 _WORDS = re.compile(r"\b(" + "|".join(re.escape(k) for k in NAMES) + r")\b")
+#: A dotted module path to an async source, in text: ``alkstore.runtime.lease_async``.
+_ASYNC_MODULE = re.compile(r"\b(alkstore(?:\.\w+)*\.\w+?)_async\b")
+#: Type subscripts whose sync form is their last argument: an awaitable of
+#: ``T`` is a ``T`` in sync code.
+_AWAITABLES = {"Awaitable": 1, "Coroutine": 3}
 
 HEADER = (
     "# WARNING: generated from {source} by tools/async_to_sync.py.\n"
@@ -73,7 +110,9 @@ HEADER = (
 
 
 def rename_words(text: str) -> str:
-    """Apply :data:`NAMES` to the whole words of ``text``."""
+    """Apply :data:`NAMES` to the whole words of ``text``, and drop the
+    ``_async`` of dotted module paths."""
+    text = _ASYNC_MODULE.sub(r"\1", text)
     return _WORDS.sub(lambda m: NAMES[m.group(1)], text)
 
 
@@ -106,6 +145,19 @@ class AsyncToSync(cst.CSTTransformer):
         # parentheses around the await, as in ``(await q.claim())[0]``, are
         # not needed around the bare primary.
         return updated_node.expression
+
+    def leave_Subscript(
+        self, original_node: cst.Subscript, updated_node: cst.Subscript
+    ) -> cst.BaseExpression:
+        # ``Awaitable[T]`` and ``Coroutine[Any, Any, T]`` -> ``T``.
+        value = updated_node.value
+        name = value.value if isinstance(value, cst.Name) else None
+        arity = _AWAITABLES.get(name or "")
+        if arity is None or len(updated_node.slice) != arity:
+            return updated_node
+        last = updated_node.slice[-1].slice
+        assert isinstance(last, cst.Index)
+        return last.value
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
         return updated_node.with_changes(value=NAMES.get(updated_node.value, updated_node.value))

@@ -20,7 +20,7 @@ from alkstore.contract.registry import open as open_store
 from alkstore.contract.store import Store
 from alkstore.errors import ValidationError
 from alkstore.logic import validation as v
-from alkstore.logic.callbacks import check_runs_when_called
+from alkstore.logic.callbacks import check_runs_when_called, handler_kind
 from alkstore.logic.options import QueueOpts
 from alkstore.runtime.outbox import Outbox, Send
 from alkstore.runtime.task import Task, default_task_name
@@ -328,8 +328,9 @@ class App:
         ------
         ValidationError
             For a bad queue name or option, a queue that already has a relay
-            or tasks, or a ``send`` that is not callable or whose call does
-            not run its body (``async def``, a generator function).
+            or tasks, or a ``send`` that is not callable or is a generator or
+            async generator function. A coroutine function (``async def``)
+            is awaited on an event loop (docs/outbox.md).
         """
         v.queue_name(queue)
         opts = self._check_queue_opts(queue_opts)
@@ -337,7 +338,7 @@ class App:
         def register(send: Send) -> Send:
             if not callable(send):
                 raise ValidationError(f"a relay must be callable, not {type(send).__name__}")
-            check_runs_when_called(send, "a relay's send")
+            handler_kind(send, "a relay's send")
             with self._lock:
                 if queue in self._relays:
                     raise ValidationError(f"queue {queue!r} already has a relay")
