@@ -22,7 +22,7 @@ from alkstore.contract.registry import open as open_store
 from alkstore.contract.store import Store
 from alkstore.errors import ValidationError
 from alkstore.logic import validation as v
-from alkstore.logic.callbacks import check_runs_when_called, handler_kind
+from alkstore.logic.callbacks import handler_kind
 from alkstore.logic.options import QueueOpts
 from alkstore.runtime.outbox import Outbox, Send
 from alkstore.runtime.task import Task, default_task_name
@@ -445,8 +445,10 @@ class App:
         ValidationError
             For a bad queue name or option, a name already registered,
             options that differ from those another task gave the same queue,
-            or a function whose call does not run its body (``async def``, a
-            generator function: :func:`~alkstore.logic.callbacks.check_runs_when_called`).
+            or a generator or async generator function, whose call runs
+            none of its body (:func:`~alkstore.logic.callbacks.handler_kind`).
+            A coroutine function (``async def``) is an async task: a worker
+            awaits it on its event loop (docs/tasks-and-workers.md).
         """
         v.queue_name(queue)
         opts = self._check_queue_opts(queue_opts) if queue_opts else None
@@ -454,7 +456,7 @@ class App:
         def register(function: Callable[P, R]) -> Task[P, R]:
             if not callable(function):
                 raise ValidationError(f"a task must be callable, not {type(function).__name__}")
-            check_runs_when_called(function, "a task")
+            handler_kind(function, "a task")
             task_name = default_task_name(function) if name is None else name
             if not isinstance(task_name, str) or not task_name:
                 raise ValidationError("a task name must be a non-empty str")

@@ -341,12 +341,13 @@ class WorkerTests(EngineHarness):
     def test_case_012_a_task_whose_call_does_not_run_its_body_is_never_acked(
         self, worker_apps: AppFactory, worker_clock: ManualClock
     ) -> None:
-        """Case 012: an ``async def`` task, an async generator and a
-        generator function are refused where they are registered, naming
-        them; a plain function that returns an awaitable or a generator
-        anyway (a plain def around an ``async def``) has not run its body: its
-        job is dead-lettered with that reason, never acked, and the body
-        never runs."""
+        """Case 012: an async generator and a generator function are refused
+        where they are registered, naming them; a plain function that
+        returns an awaitable or a generator (a plain def around an ``async
+        def``) has not run its body, and neither has an async task whose
+        awaited value is another coroutine: each such job is dead-lettered
+        with that reason, never acked, and the inner body never runs.
+        (Coroutine functions are async tasks: ``AsyncWorkerTests``.)"""
         app = worker_apps(clock=worker_clock)
         ran: list[str] = []
 
@@ -361,18 +362,18 @@ class WorkerTests(EngineHarness):
             ran.append("generator")
             yield 1
 
-        class Callable_:
-            async def __call__(self) -> None:
-                ran.append("call")
+        class Streamer:
+            async def __call__(self) -> Any:
+                yield 1
 
         for function, kind in (
-            (fetch, "coroutine"),
             (stream, "async generator"),
             (produce, "generator"),
-            (Callable_(), "coroutine"),
+            (Streamer(), "async generator"),
         ):
             with pytest.raises(
-                ValidationError, match=rf"a task must be a plain function: .* {kind}"
+                ValidationError,
+                match=rf"a task must be a plain function or a coroutine function .* {kind}",
             ):
                 app.task(queue=QUEUE, name=f"refused_{kind}")(function)
         assert not {name for name in app.tasks if name.startswith("refused_")}
@@ -383,16 +384,26 @@ class WorkerTests(EngineHarness):
         def produce_later() -> Any:
             return produce()
 
+        async def fetch_twice_later(url: str) -> Any:
+            return fetch(url)  # awaited, it hands back another coroutine
+
         wrapped = app.task(queue=QUEUE, name="wrapped")(fetch_later)
         yielding = app.task(queue=QUEUE, name="yielding")(produce_later)
+        nested = app.task(queue=QUEUE, name="nested")(fetch_twice_later)
+        assert (wrapped.is_async, yielding.is_async, nested.is_async) == (False, False, True)
         queue = app.queue(QUEUE)
         coroutine_job = wrapped.enqueue("x")
         generator_job = yielding.enqueue()
+        nested_job = nested.enqueue("y")
         counts = app.worker(handle_signals=False).run(burst=True)
 
-        assert counts == WorkerCounts(dead=2)
+        assert counts == WorkerCounts(dead=3)
         assert ran == []
-        for job_id, kind in ((coroutine_job, "coroutine"), (generator_job, "generator")):
+        for job_id, kind in (
+            (coroutine_job, "coroutine"),
+            (generator_job, "generator"),
+            (nested_job, "coroutine"),
+        ):
             dead = queue.get_job(job_id)
             assert dead is not None
             assert (dead.state, dead.attempts) == ("dead", 1)
