@@ -233,21 +233,24 @@ class App:
         UnknownEngineError, ValidationError, SchemaVersionError, EngineError
             As :func:`alkstore.open_async` and :attr:`store`.
         RuntimeError
-            For a native async store opened on another event loop (close it
-            there with :meth:`aclose`).
+            For a native async store opened on another event loop that is
+            still open (close it there with :meth:`aclose`). One whose loop
+            has closed is dropped with a warning, and a new one opened.
         """
         store = self._astore
-        if store is not None:
-            self._check_loop()
+        if store is not None and self._check_loop():
             return store
         import asyncio
         from concurrent.futures import Future
 
         while True:
             with self._lock:
+                store = self._astore
+            if store is not None and self._check_loop():
+                return store
+            with self._lock:
                 if self._astore is not None:
-                    self._check_loop()
-                    return self._astore
+                    continue
                 opening = self._aopening
                 mine = opening is None
                 if opening is None:
@@ -288,17 +291,31 @@ class App:
                 return store, asyncio.get_running_loop()
         return await asyncio.to_thread(lambda: threaded_over(self.store, owns_store=False)), None
 
-    def _check_loop(self) -> None:
+    def _check_loop(self) -> bool:
+        """Whether the async store may be used on the running loop: any
+        loop for the thread adapter's, only its own for a native one. A
+        native store whose loop is closed cannot be used or closed any more:
+        it is dropped, with a warning, and ``False`` returned."""
         loop = self._aloop
         if loop is None:
-            return
+            return True
         import asyncio
 
-        if asyncio.get_running_loop() is not loop:
+        if asyncio.get_running_loop() is loop:
+            return True
+        if not loop.is_closed():
             raise RuntimeError(
-                "the app's async store is native to another event loop; "
+                "the app's async store is native to another event loop, still open; "
                 "close it there with await app.aclose() before using the app on this one"
             )
+        with self._lock:
+            if self._aloop is loop:
+                self._astore, self._aloop, self._aqueues = None, None, {}
+        log.warning(
+            "the app's async store belonged to an event loop that has closed, so it could "
+            "not be closed: await app.aclose() before the loop ends"
+        )
+        return False
 
     async def aqueue(self, name: str) -> AsyncQueue:
         """The async store's handle on the queue ``name`` with
@@ -342,7 +359,8 @@ class App:
         Raises
         ------
         RuntimeError
-            For a native async store opened on another event loop.
+            For a native async store opened on another event loop that is
+            still open.
         """
         import asyncio
 
@@ -351,9 +369,10 @@ class App:
         if opening is not None:  # let it finish, then close what it opened
             with contextlib.suppress(Exception):  # the opener raised it already
                 await asyncio.shield(asyncio.wrap_future(opening))
-        self._check_loop()
-        with self._lock:
-            astore, self._astore, self._aloop, self._aqueues = self._astore, None, None, {}
+        astore = None
+        if self._check_loop():
+            with self._lock:
+                astore, self._astore, self._aloop, self._aqueues = self._astore, None, None, {}
         if astore is not None:
             await astore.close()
         await asyncio.to_thread(self.close)
