@@ -43,7 +43,14 @@ from alkstore_contract_tests._worker_app import (
 )
 from alkstore_contract_tests.harness import EngineHarness, StoreTarget
 
-__all__ = ["WorkerTests"]
+__all__ = [
+    "WAIT_S",
+    "AppFactory",
+    "RunningWorker",
+    "WorkerFixtures",
+    "WorkerTests",
+    "wait_until",
+]
 
 #: The longest any bounded wait of this suite lasts, seconds.
 WAIT_S = 60.0
@@ -136,14 +143,13 @@ def _run_burst(*workers: Worker) -> list[WorkerCounts]:
     return [r.join() for r in running]
 
 
-class WorkerTests(EngineHarness):
-    """The worker runtime on this engine (docs/tasks-and-workers.md).
-
-    Fixtures (function-scoped; named ``worker_*`` so that they never clash
-    with the contract suite's own): ``worker_clock`` (a :class:`ManualClock`
-    at ``T0``), ``worker_apps`` (apps over fresh stores on the target, the
-    tasks of :mod:`._worker_app` registered), ``worker_log_dir`` (where task
-    executions are recorded) and ``worker_spawn`` (child worker processes).
+class WorkerFixtures(EngineHarness):
+    """The fixtures of the worker tests (function-scoped; named ``worker_*``
+    so that they never clash with the contract suite's own):
+    ``worker_clock`` (a :class:`ManualClock` at ``T0``), ``worker_apps``
+    (apps over fresh stores on the target, the tasks of :mod:`._worker_app`
+    registered), ``worker_log_dir`` (where task executions are recorded) and
+    ``worker_spawn`` (child worker processes).
     """
 
     @pytest.fixture
@@ -217,6 +223,11 @@ class WorkerTests(EngineHarness):
             if child.process.is_alive():
                 child.process.kill()
             child.process.join(WAIT_S)
+
+
+class WorkerTests(WorkerFixtures):
+    """The worker runtime on this engine (docs/tasks-and-workers.md), with
+    sync tasks; async tasks are :class:`~.async_worker.AsyncWorkerTests`'."""
 
     # -- outcomes (injected clock) -------------------------------------------
 
