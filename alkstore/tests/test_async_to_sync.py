@@ -13,7 +13,11 @@ import pytest
 from test_async import ROOT, TOOL
 
 CONTRACT = ROOT / "alkstore/alkstore/contract"
-GENERATED = ["handle", "queue", "subscription", "store"]
+RUNTIME = ROOT / "alkstore/alkstore/runtime"
+GENERATED = [
+    *(CONTRACT / name for name in ("handle", "queue", "subscription", "store")),
+    *(RUNTIME / name for name in ("lease", "heartbeat", "scheduler", "sweeper", "outbox")),
+]
 
 
 def check(*sources: Path) -> subprocess.CompletedProcess[str]:
@@ -29,18 +33,19 @@ def test_the_committed_sync_modules_are_generated_from_their_sources() -> None:
     done = check()
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout == ""
-    for name in GENERATED:
-        text = (CONTRACT / f"{name}.py").read_text()
+    for module in GENERATED:
+        text = module.with_suffix(".py").read_text()
         assert text.startswith(
-            f"# WARNING: generated from {name}_async.py by tools/async_to_sync.py"
+            f"# WARNING: generated from {module.name}_async.py by tools/async_to_sync.py"
         )
 
 
-@pytest.mark.parametrize("name", GENERATED)
-def test_check_fails_on_a_hand_edited_generated_file(tmp_path: Path, name: str) -> None:
+@pytest.mark.parametrize("module", GENERATED, ids=lambda module: module.name)
+def test_check_fails_on_a_hand_edited_generated_file(tmp_path: Path, module: Path) -> None:
+    name = module.name
     source = tmp_path / f"{name}_async.py"
-    shutil.copy(CONTRACT / f"{name}_async.py", source)
-    shutil.copy(CONTRACT / f"{name}.py", tmp_path / f"{name}.py")
+    shutil.copy(module.with_name(f"{name}_async.py"), source)
+    shutil.copy(module.with_suffix(".py"), tmp_path / f"{name}.py")
     assert check(source).returncode == 0
     generated = tmp_path / f"{name}.py"
     text = generated.read_text()
@@ -109,3 +114,40 @@ def test_conversion_rules(tmp_path: Path) -> None:
     body = out.split("\n", 2)[2]  # after the header
     assert "async" not in body.replace("AsyncQueueish", "").replace("is_async", "")
     assert "await" not in body
+
+
+def test_runtime_conversion_rules(tmp_path: Path) -> None:
+    """The paired primitives take their thread names, an awaitable of ``T``
+    is a ``T``, and dotted paths to async modules in text lose ``_async``."""
+    source = textwrap.dedent(
+        '''\
+        """Uses :class:`~alkstore.runtime.lease_async.AsyncLease` with an asyncio.Event."""
+
+        from __future__ import annotations
+
+        from collections.abc import Awaitable, Callable, Coroutine
+        from typing import Any
+
+        from alkstore.runtime._acompat_async import AEvent, asleep, await_event
+
+
+        async def wait(stop: AEvent, write: Callable[[], Awaitable[int]]) -> int:
+            """Stop must be an asyncio.Event, not a bool."""
+            await asleep(0.1)
+            if await await_event(stop, 1.0):
+                return await write()
+            return 0
+
+
+        def typed(coro: Coroutine[Any, Any, str]) -> None:
+            pass
+        '''
+    )
+    path = tmp_path / "thing_async.py"
+    out = TOOL.convert(source, path.name, path)
+    assert '"""Uses :class:`~alkstore.runtime.lease.Lease` with a threading.Event."""' in out
+    assert "from alkstore.runtime._acompat import Event, sleep, wait_event\n" in out
+    assert "def wait(stop: Event, write: Callable[[], int]) -> int:" in out
+    assert '"""Stop must be a threading.Event, not a bool."""' in out
+    assert "    sleep(0.1)\n    if wait_event(stop, 1.0):\n        return write()" in out
+    assert "def typed(coro: str) -> None:" in out
