@@ -175,6 +175,53 @@ def test_a_task_registered_while_the_worker_runs_is_awaited_too(app: App) -> Non
     assert worker.counts == WorkerCounts(succeeded=1)
 
 
+def test_a_bug_around_an_async_job_frees_its_slot_and_leaves_it_to_lapse(
+    app: App, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """W13 for coroutines: a failure of the worker itself around an async
+    job, on the loop or on the outcome thread, is logged and counted
+    ``lost``; the slot is freed (the burst run returns) and the job is left
+    claimed, to lapse and be reclaimed."""
+    from alkstore.runtime.worker import Worker
+
+    @app.task(queue="q", name="fine")
+    async def fine() -> None:
+        pass
+
+    job_ids = fine.enqueue_many([(), ()])
+    real_resolve, real_conclude = Worker._resolve, Worker._conclude
+    calls: list[str] = []
+
+    def resolve(self: Worker, handle: Any) -> Any:
+        if handle.id == job_ids[0]:
+            calls.append("resolve")
+            raise RuntimeError("a bug on the loop")
+        return real_resolve(self, handle)
+
+    def conclude(self: Worker, handle: Any, *args: Any) -> Any:
+        if handle.id == job_ids[1]:
+            calls.append("conclude")
+            raise RuntimeError("a bug on the outcome thread")
+        return real_conclude(self, handle, *args)
+
+    monkeypatch.setattr(Worker, "_resolve", resolve)
+    monkeypatch.setattr(Worker, "_conclude", conclude)
+    worker = app.worker(concurrency=2, handle_signals=False)
+    result: list[WorkerCounts] = []
+    with caplog.at_level(logging.ERROR, logger="alkstore.worker"):
+        run = threading.Thread(target=lambda: result.append(worker.run(burst=True)), daemon=True)
+        run.start()
+        run.join(WAIT_S)  # a leaked slot would keep the burst run going
+    assert result == [WorkerCounts(lost=2)]
+    assert sorted(calls) == ["conclude", "resolve"]
+    assert worker.running == 0
+    assert caplog.text.count("failed inside the worker; its claim is left to lapse") == 2
+    for job_id in job_ids:
+        left = app.queue("q").get_job(job_id)
+        assert left is not None
+        assert (left.state, left.attempts) == ("processing", 1)
+
+
 # -- run_async inside a serving loop ------------------------------------------
 
 

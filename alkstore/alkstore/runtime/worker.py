@@ -1087,13 +1087,15 @@ class Worker:
         import asyncio
 
         loop = asyncio.get_running_loop()
-        stopping = self._aborting
         for job in jobs:
-            task = loop.create_task(self._run_coroutine(job), name=f"alkstore-job-{job.handle.id}")
+            try:
+                task = loop.create_task(
+                    self._run_coroutine(job), name=f"alkstore-job-{job.handle.id}"
+                )
+            except BaseException as exc:  # the loop is closing: counted lost, left to lapse
+                self._hand_off(self._failed(job, exc))
+                continue
             self._coroutines[job.token] = task
-            if stopping:  # the grace period ended on the way here
-                self._abandoned.add(job.token)
-                task.cancel()
 
     async def _run_coroutine(self, job: _Coroutine) -> None:
         """On the event loop: run an async task's handler; hand what it did
@@ -1102,7 +1104,12 @@ class Worker:
 
         started = time.monotonic()
         raised: BaseException | None = None
-        resolved = self._resolve(job.handle)
+        try:
+            resolved = self._resolve(job.handle)
+        except BaseException as exc:  # a bug here, not the handler's doing
+            self._coroutines.pop(job.token, None)
+            self._hand_off(self._failed(job, exc))
+            return
         try:
             if resolved.task is not None and resolved.call is not None:
                 await call_async(
@@ -1129,6 +1136,15 @@ class Worker:
                 lambda: self._conclude(job.handle, job.lease, resolved, raised, duration_s),
             )
         )
+
+    def _failed(self, job: _Coroutine, error: BaseException) -> Callable[[], None]:
+        """The outcome thread's work for a job the worker itself failed to
+        run (W13): logged, counted ``lost``, its claim left to lapse."""
+
+        def fail() -> Outcome | None:
+            raise error
+
+        return lambda: self._settle(job.token, job.handle, job.lease, fail)
 
     def _hand_off(self, record: Callable[[], object]) -> None:
         """From the event loop to the outcome thread (a queue put: no wait)."""
