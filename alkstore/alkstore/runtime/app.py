@@ -177,10 +177,10 @@ class App:
         """Close the store if the app opened it; idempotent. Tasks stay
         registered, and the next use opens a new store.
 
-        An async store over that store (:meth:`astore` on an engine without
-        native async) is closed with it. A native async store needs an
-        event loop to close: it is left open (and a warning logged) for
-        ``await`` :meth:`aclose`.
+        The async store (:meth:`astore`) is closed with it when it is the
+        thread adapter, which needs no event loop to close. Any other needs
+        its loop: it is left open (and a warning logged) for ``await``
+        :meth:`aclose`.
         """
         from_sync = None
         with self._lock:
@@ -192,7 +192,7 @@ class App:
                 from alkstore.contract.threaded import ThreadedAsyncStore
 
                 if isinstance(astore, ThreadedAsyncStore):
-                    from_sync, self._astore, self._aqueues = astore, None, {}
+                    from_sync, self._astore, self._aloop, self._aqueues = astore, None, None, {}
         if from_sync is not None:
             from_sync._close_blocking()
         elif astore is not None:

@@ -386,6 +386,7 @@ class Worker:
         self._loop_thread: LoopThread | None = None
         self._outcomes = DaemonPool(1, f"alkstore-outcomes-{self._worker_id}")
         self._outcomes_started = False
+        self._loop_lock = threading.Lock()  # starts the loop and the outcome thread once
         # On the event loop only: each running coroutine's task by its token,
         # and the tokens the worker cancelled (left to lapse, not recorded).
         self._coroutines: dict[int, asyncio.Task[None]] = {}
@@ -1050,7 +1051,7 @@ class Worker:
         loop = self._event_loop
         if loop is not None and self._outcomes_started:
             return loop
-        with self._cond:
+        with self._loop_lock:
             if self._event_loop is None:
                 from alkstore.runtime.loop import LoopThread
 
