@@ -129,6 +129,8 @@ def test_fifty_async_jobs_run_at_once_on_a_handful_of_threads(app: App) -> None:
     assert started <= 6, names
     assert not [name for name in names if name.startswith("alkstore-job")]
     assert [name for name in names if name.startswith("alkstore-loop-")]
+    # run() stopped the loop it owned, and its thread, before it returned.
+    assert not [t for t in threading.enumerate() if t.name.startswith("alkstore-loop-")]
 
 
 def test_the_pool_starts_a_thread_only_when_every_thread_is_busy() -> None:

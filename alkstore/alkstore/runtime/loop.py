@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import threading
 
 __all__ = ["LoopThread"]
-
-log = logging.getLogger("alkstore.worker")
 
 #: Seconds the loop's thread waits, once stopped, for the tasks it then
 #: cancels to end.

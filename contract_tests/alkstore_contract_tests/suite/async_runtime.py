@@ -133,23 +133,13 @@ async def sweeper_scenario(
     return r
 
 
-class AsyncFlakySend:
-    """The outbox suite's ``FlakySend`` as a coroutine: fails on every
-    ``every``-th call, and always for ``"poison"``."""
+class AsyncFlakySend(FlakySend):
+    """The outbox suite's ``FlakySend`` as a coroutine function's object:
+    each call yields to the loop, then fails or delivers as ``FlakySend``."""
 
-    def __init__(self, every: int = 3) -> None:
-        self.every = every
-        self.calls = 0
-        self.delivered: list[Any] = []
-
-    async def __call__(self, message: Any) -> None:
+    async def __call__(self, message: Any) -> None:  # type: ignore[override]
         await asyncio.sleep(0)
-        self.calls += 1
-        if message == "poison":
-            raise RuntimeError("poison")
-        if self.calls % self.every == 0:
-            raise RuntimeError(f"flaky call {self.calls}")
-        self.delivered.append(message)
+        super().__call__(message)
 
 
 async def outbox_scenario(
