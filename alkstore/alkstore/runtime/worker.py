@@ -118,6 +118,8 @@ _BURST_FAILED_ROUNDS = 3
 _CANCEL_WAIT_S = 1.0
 #: How long ``run()`` waits for its own event loop's thread to end.
 _LOOP_STOP_TIMEOUT_S = 5.0
+#: Async jobs started per step of the event loop.
+_BEGIN_STEP = 64
 
 #: How a job ended, as logged and counted.
 Outcome = Literal["succeeded", "retried", "dead", "lost", "cancelled"]
@@ -1084,10 +1086,15 @@ class Worker:
         asyncio.run_coroutine_threadsafe(coroutine, self._ensure_event_loop()).result()
 
     def _begin(self, jobs: list[_Coroutine]) -> None:
-        """On the event loop: start each job's coroutine as a task."""
+        """On the event loop: start each job's coroutine as a task, a few
+        per step of the loop, so that a large batch never holds the loop
+        (the application's, under ``run_async``) for long."""
         import asyncio
 
         loop = asyncio.get_running_loop()
+        if len(jobs) > _BEGIN_STEP:
+            loop.call_soon(self._begin, jobs[_BEGIN_STEP:])
+            jobs = jobs[:_BEGIN_STEP]
         for job in jobs:
             try:
                 task = loop.create_task(
