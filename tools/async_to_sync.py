@@ -1,23 +1,29 @@
 #!/usr/bin/env python3
 """Generate sync modules from their async sources.
 
-The async ABCs (``alkstore/alkstore/contract/*_async.py``) and the
-PostgreSQL engine's I/O modules (``alkstore_postgres/alkstore_postgres/
-_*_async.py``) are written by hand; each sync module beside them
-(``queue_async.py`` -> ``queue.py``) is generated from it, as psycopg
-generates ``connection.py`` from ``connection_async.py``, so the two cannot
-drift: one copy of the validation, resolution and backoff calls, and of the
-engine's pool, operations and listener, two faces.
+The async ABCs (``alkstore/alkstore/contract/*_async.py``), the async
+runtime modules (``alkstore/alkstore/runtime/*_async.py``: the lease, the
+heartbeater, the outbox, the scheduler and the sweeper) and the PostgreSQL
+engine's I/O modules (``alkstore_postgres/alkstore_postgres/_*_async.py``)
+are written by hand; each sync module beside them (``queue_async.py`` ->
+``queue.py``) is generated from it, as psycopg generates ``connection.py``
+from ``connection_async.py``, so the two cannot drift: one copy of the
+validation, resolution and backoff calls, of the runtime's loops, and of the
+engine's pool, operations and listener, two faces. The runtime's and the
+engine's sources use paired primitives (``AEvent``, ``aspawn``, ``asleep``
+...) whose thread twins have the same names without the ``a``, as
+psycopg_pool's ``_acompat`` pairs them.
 
 The conversion is on the concrete syntax tree (libcst), so comments,
 docstrings and layout survive. It:
 
 - turns ``async def`` into ``def``, ``async with``/``async for`` into
-  ``with``/``for``, ``await x`` into ``x`` and the type ``Awaitable[T]``
-  into ``T``;
+  ``with``/``for`` and ``await x`` into ``x``;
 - renames identifiers by :data:`NAMES` (``AsyncQueue`` -> ``Queue``,
   ``__aenter__`` -> ``__enter__`` ...), also inside strings, docstrings and
-  comments (whole words only), and imports of ``*_async`` modules;
+  comments (whole words only), and imports of ``*_async`` modules (and
+  their dotted paths in text);
+- turns the types ``Awaitable[T]`` and ``Coroutine[Any, Any, T]`` into ``T``;
 - drops the body of ``if is_async():`` keeping its ``else:`` (the escape
   hatch for code that must differ); a call in such an ``else:`` that only
   the sync module runs carries ``# type: ignore[unused-coroutine]`` in the
@@ -57,6 +63,12 @@ SOURCES = (
     "alkstore/alkstore/contract/queue_async.py",
     "alkstore/alkstore/contract/subscription_async.py",
     "alkstore/alkstore/contract/store_async.py",
+    # The runtime (docs/async.md "Tasks and workers").
+    "alkstore/alkstore/runtime/lease_async.py",
+    "alkstore/alkstore/runtime/heartbeat_async.py",
+    "alkstore/alkstore/runtime/scheduler_async.py",
+    "alkstore/alkstore/runtime/sweeper_async.py",
+    "alkstore/alkstore/runtime/outbox_async.py",
     # The PostgreSQL engine (docs/async.md "How the engines do it").
     *(
         f"alkstore_postgres/alkstore_postgres/_{name}_async.py"
@@ -126,6 +138,21 @@ NAMES = {
     "asleep": "sleep",
     "wait_timeout": "wait",
     "wait_for_timeout": "wait_for",
+    # The runtime's async classes (alkstore/alkstore/runtime/*_async.py).
+    "AsyncLease": "Lease",
+    "AsyncHeartbeater": "Heartbeater",
+    "AsyncOutbox": "Outbox",
+    "AsyncScheduler": "Scheduler",
+    "AsyncSweeper": "Sweeper",
+    # The paired primitives of alkstore/alkstore/runtime/_acompat*.py
+    # (psycopg_pool's names).
+    "ASpawned": "Spawned",
+    "agather": "gather",
+    "await_event": "wait_event",
+    "acaller": "caller",
+    "an asyncio.Event": "a threading.Event",
+    "an AsyncQueue": "a Queue",
+    "asyncio.Event": "threading.Event",
 }
 
 #: The comment that marks a call only the sync module runs (see the module
@@ -133,6 +160,11 @@ NAMES = {
 SYNC_ONLY_CALL = "# type: ignore[unused-coroutine]"
 
 _WORDS = re.compile(r"\b(" + "|".join(re.escape(k) for k in NAMES) + r")\b")
+#: A dotted module path to an async source, in text: ``alkstore.runtime.lease_async``.
+_ASYNC_MODULE = re.compile(r"\b(alkstore(?:\.\w+)*\.\w+?)_async\b")
+#: Type subscripts whose sync form is their last argument: an awaitable of
+#: ``T`` is a ``T`` in sync code.
+_AWAITABLES = {"Awaitable": 1, "Coroutine": 3}
 
 HEADER = (
     "# WARNING: generated from {source} by tools/async_to_sync.py.\n"
@@ -141,7 +173,9 @@ HEADER = (
 
 
 def rename_words(text: str) -> str:
-    """Apply :data:`NAMES` to the whole words of ``text``."""
+    """Apply :data:`NAMES` to the whole words of ``text``, and drop the
+    ``_async`` of dotted module paths."""
+    text = _ASYNC_MODULE.sub(r"\1", text)
     return _WORDS.sub(lambda m: NAMES[m.group(1)], text)
 
 
@@ -178,17 +212,15 @@ class AsyncToSync(cst.CSTTransformer):
     def leave_Subscript(
         self, original_node: cst.Subscript, updated_node: cst.Subscript
     ) -> cst.BaseExpression:
-        # ``Awaitable[T]`` (what an async callable returns) is ``T``.
+        # ``Awaitable[T]`` and ``Coroutine[Any, Any, T]`` -> ``T``.
         value = updated_node.value
-        elements = updated_node.slice
-        if (
-            isinstance(value, cst.Name)
-            and value.value == "Awaitable"
-            and len(elements) == 1
-            and isinstance(elements[0].slice, cst.Index)
-        ):
-            return elements[0].slice.value
-        return updated_node
+        name = value.value if isinstance(value, cst.Name) else None
+        arity = _AWAITABLES.get(name or "")
+        if arity is None or len(updated_node.slice) != arity:
+            return updated_node
+        last = updated_node.slice[-1].slice
+        assert isinstance(last, cst.Index)
+        return last.value
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
         return updated_node.with_changes(value=NAMES.get(updated_node.value, updated_node.value))

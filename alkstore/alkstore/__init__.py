@@ -5,11 +5,15 @@ URL), take a :class:`Queue` with :meth:`Store.queue`, enqueue payloads and
 claim them as :class:`JobHandle` objects; or register functions as tasks on
 an :class:`App` and run them with a :class:`Worker` (``alkstore worker``).
 :func:`open_async` gives the same contract to asyncio code
-(:class:`AsyncStore`, docs/async.md). The contract every engine keeps is
-docs/contract.md.
+(:class:`AsyncStore`, docs/async.md), and :class:`AsyncOutbox`,
+:class:`AsyncScheduler` and :class:`AsyncSweeper` the runtime's async forms
+(imported on first use, so that ``import alkstore`` imports no asyncio). The
+contract every engine keeps is docs/contract.md.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from alkstore.contract.handle import JobHandle
 from alkstore.contract.handle_async import AsyncJobHandle
@@ -44,6 +48,11 @@ from alkstore.runtime.sweeper import Sweeper
 from alkstore.runtime.task import Task
 from alkstore.runtime.worker import Worker, WorkerCounts
 
+if TYPE_CHECKING:
+    from alkstore.runtime.outbox_async import AsyncOutbox
+    from alkstore.runtime.scheduler_async import AsyncScheduler
+    from alkstore.runtime.sweeper_async import AsyncSweeper
+
 __all__ = [
     "DEFAULT_URL",
     "MAX_NESTING",
@@ -51,9 +60,12 @@ __all__ = [
     "AlkstoreError",
     "App",
     "AsyncJobHandle",
+    "AsyncOutbox",
     "AsyncQueue",
+    "AsyncScheduler",
     "AsyncStore",
     "AsyncSubscription",
+    "AsyncSweeper",
     "Clock",
     "EngineError",
     "Fail",
@@ -96,3 +108,22 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+#: The runtime's async classes, by name: their modules import asyncio.
+_ASYNC_RUNTIME = {
+    "AsyncOutbox": "alkstore.runtime.outbox_async",
+    "AsyncScheduler": "alkstore.runtime.scheduler_async",
+    "AsyncSweeper": "alkstore.runtime.sweeper_async",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import the runtime's async classes on first use (PEP 562)."""
+    module = _ASYNC_RUNTIME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'alkstore' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

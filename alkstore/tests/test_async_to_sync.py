@@ -14,11 +14,15 @@ import pytest
 from test_async import ROOT, TOOL
 
 CONTRACT = ROOT / "alkstore/alkstore/contract"
-GENERATED = ["handle", "queue", "subscription", "store"]
+RUNTIME = ROOT / "alkstore/alkstore/runtime"
 ENGINE = ROOT / "alkstore_postgres/alkstore_postgres"
-#: Every async source of the PostgreSQL engine (``_queue_async.py`` ...),
-#: by the name of the module generated from it (``_queue``).
-ENGINE_GENERATED = sorted(p.name[: -len("_async.py")] for p in ENGINE.glob("_*_async.py"))
+#: Every generated module, by its path without the ``.py``: the contract's,
+#: the runtime's and the PostgreSQL engine's (``_queue_async.py`` ...).
+GENERATED = [
+    *(CONTRACT / name for name in ("handle", "queue", "subscription", "store")),
+    *(RUNTIME / name for name in ("lease", "heartbeat", "scheduler", "sweeper", "outbox")),
+    *sorted(ENGINE / p.name[: -len("_async.py")] for p in ENGINE.glob("_*_async.py")),
+]
 
 
 def check(*sources: Path) -> subprocess.CompletedProcess[str]:
@@ -34,24 +38,19 @@ def test_the_committed_sync_modules_are_generated_from_their_sources() -> None:
     done = check()
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout == ""
-    for name in GENERATED:
-        text = (CONTRACT / f"{name}.py").read_text()
+    for module in GENERATED:
+        text = module.with_suffix(".py").read_text()
         assert text.startswith(
-            f"# WARNING: generated from {name}_async.py by tools/async_to_sync.py"
+            f"# WARNING: generated from {module.name}_async.py by tools/async_to_sync.py"
         )
 
 
-@pytest.mark.parametrize(
-    ("folder", "name"),
-    [(CONTRACT, name) for name in GENERATED] + [(ENGINE, name) for name in ENGINE_GENERATED],
-    ids=[*GENERATED, *ENGINE_GENERATED],
-)
-def test_check_fails_on_a_hand_edited_generated_file(
-    tmp_path: Path, folder: Path, name: str
-) -> None:
+@pytest.mark.parametrize("module", GENERATED, ids=lambda module: module.name)
+def test_check_fails_on_a_hand_edited_generated_file(tmp_path: Path, module: Path) -> None:
+    name = module.name
     source = tmp_path / f"{name}_async.py"
-    shutil.copy(folder / f"{name}_async.py", source)
-    shutil.copy(folder / f"{name}.py", tmp_path / f"{name}.py")
+    shutil.copy(module.with_name(f"{name}_async.py"), source)
+    shutil.copy(module.with_suffix(".py"), tmp_path / f"{name}.py")
     assert check(source).returncode == 0
     generated = tmp_path / f"{name}.py"
     text = generated.read_text()
@@ -65,15 +64,25 @@ def test_check_fails_on_a_hand_edited_generated_file(
     assert generated.read_text() == text
 
 
-def test_every_async_source_of_the_engine_is_converted() -> None:
-    assert len(ENGINE_GENERATED) >= 13, ENGINE_GENERATED
+def test_every_async_source_is_converted() -> None:
+    """Each ``*_async.py`` of the contract, the runtime and the engine is a
+    source the tool converts, and its sync module says it is generated."""
+    engine = [module for module in GENERATED if module.parent == ENGINE]
+    assert len(engine) >= 13, engine
     sources = {(ROOT / source).resolve() for source in TOOL.SOURCES}
-    for name in ENGINE_GENERATED:
-        assert (ENGINE / f"{name}_async.py").resolve() in sources, name
-        text = (ENGINE / f"{name}.py").read_text()
+    found = {
+        (folder / path.name[: -len("_async.py")])
+        for folder in (CONTRACT, RUNTIME, ENGINE)
+        for path in folder.glob("*_async.py")
+        if path.name != "_acompat_async.py"  # the primitives' async half, paired by hand
+    }
+    assert found == set(GENERATED)
+    for module in GENERATED:
+        assert module.with_name(f"{module.name}_async.py").resolve() in sources, module
+        text = module.with_suffix(".py").read_text()
         assert text.startswith(
-            f"# WARNING: generated from {name}_async.py by tools/async_to_sync.py"
-        ), name
+            f"# WARNING: generated from {module.name}_async.py by tools/async_to_sync.py"
+        ), module
 
 
 def test_engine_conversion_rules(tmp_path: Path) -> None:
@@ -180,3 +189,40 @@ def test_conversion_rules(tmp_path: Path) -> None:
     body = out.split("\n", 2)[2]  # after the header
     assert "async" not in body.replace("AsyncQueueish", "").replace("is_async", "")
     assert "await" not in body
+
+
+def test_runtime_conversion_rules(tmp_path: Path) -> None:
+    """The paired primitives take their thread names, an awaitable of ``T``
+    is a ``T``, and dotted paths to async modules in text lose ``_async``."""
+    source = textwrap.dedent(
+        '''\
+        """Uses :class:`~alkstore.runtime.lease_async.AsyncLease` with an asyncio.Event."""
+
+        from __future__ import annotations
+
+        from collections.abc import Awaitable, Callable, Coroutine
+        from typing import Any
+
+        from alkstore.runtime._acompat_async import AEvent, asleep, await_event
+
+
+        async def wait(stop: AEvent, write: Callable[[], Awaitable[int]]) -> int:
+            """Stop must be an asyncio.Event, not a bool."""
+            await asleep(0.1)
+            if await await_event(stop, 1.0):
+                return await write()
+            return 0
+
+
+        def typed(coro: Coroutine[Any, Any, str]) -> None:
+            pass
+        '''
+    )
+    path = tmp_path / "thing_async.py"
+    out = TOOL.convert(source, path.name, path)
+    assert '"""Uses :class:`~alkstore.runtime.lease.Lease` with a threading.Event."""' in out
+    assert "from alkstore.runtime._acompat import Event, sleep, wait_event\n" in out
+    assert "def wait(stop: Event, write: Callable[[], int]) -> int:" in out
+    assert '"""Stop must be a threading.Event, not a bool."""' in out
+    assert "    sleep(0.1)\n    if wait_event(stop, 1.0):\n        return write()" in out
+    assert "def typed(coro: str) -> None:" in out

@@ -288,16 +288,23 @@ def outputs(blocks: list[Block]) -> list[str]:
 
 def test_the_tasks_and_workers_page_runs_as_written(tmp_path: Path) -> None:
     """jobs.py defines the app; enqueue.py enqueues; a real ``alkstore worker
-    --burst`` runs the ready job; the command line enqueues another."""
+    --burst`` runs the ready job; the command line enqueues another. Then
+    ajobs.py's async task runs in web.py's lifespan, in the caller's loop,
+    and is acked before the lifespan ends."""
     folder = tmp_path / "page"
     folder.mkdir()
     blocks = run_page("tasks-and-workers.md", folder)
     assert [b.code.split("\n", 1)[0] for b in blocks if b.language == "python"] == [
         "# jobs.py",
         "# enqueue.py",
+        "# ajobs.py",
+        "# web.py",
+        "import asyncio",
     ]
     import_has_no_side_effects(folder, "jobs", tmp_path)
-    session, by_command = (b.result for b in blocks if b.result is not None)
+    import_has_no_side_effects(folder, "ajobs", tmp_path)
+    session, by_command, served = (b.result for b in blocks if b.result is not None)
+    assert served.stdout == "fetched https://example.com/\n"
     first_id = session.stdout.splitlines()[0]
     assert session.stdout.splitlines() == [
         first_id,  # enqueue.py's job id
@@ -313,12 +320,13 @@ def test_the_tasks_and_workers_page_runs_as_written(tmp_path: Path) -> None:
         job = emails.get_job(command_id)
         assert job is not None
         assert job.max_attempts == 3  # --app gave the task's queue options
+        assert tuple(store.queue("pages").stats()) == (0, 0, 0, 0)  # fetched and acked
 
 
 def test_the_outbox_page_runs_as_written(tmp_path: Path) -> None:
     """An order and its message committed together, relayed by relay_once;
     shop.py's relay, then a second order added through the app and relayed
-    by a batch job."""
+    by a batch job; a third added and relayed by AsyncOutbox."""
     folder = tmp_path / "page"
     folder.mkdir()
     blocks = run_page("outbox.md", folder)
@@ -328,6 +336,7 @@ def test_the_outbox_page_runs_as_written(tmp_path: Path) -> None:
         "published {'event': 'order.created', 'order': 1}\n1 delivered\n",
         "",  # the second order, through the app
         "published {'event': 'order.created', 'order': 2}\n1 delivered\n",
+        "published {'event': 'order.created', 'order': 3}\n1 delivered\n",  # AsyncOutbox
     ]
     with alkstore.open(f"sqlite:///{folder / 'shop.db'}", migrate=False) as store:
         assert tuple(store.queue("outbox.orders").stats()) == (0, 0, 0, 0)
@@ -335,4 +344,5 @@ def test_the_outbox_page_runs_as_written(tmp_path: Path) -> None:
         assert conn.execute("SELECT id, total FROM orders ORDER BY id").fetchall() == [
             (1, 99.5),
             (2, 12.0),
+            (3, 5.0),
         ]

@@ -1,20 +1,23 @@
 """The outbox's relay against a real SQLite file, in real time: a slow
-``send`` must not let the batch lapse (docs/outbox.md). The outbox's
-semantics on every engine are the contract's ``OutboxTests``."""
+``send`` must not let the batch lapse, through the sync and the async
+class (docs/outbox.md). The outbox's semantics on every engine are the
+contract's ``OutboxTests`` and ``AsyncRuntimeTests``."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import alkstore
-from alkstore import Outbox, QueueOpts, Store, ValidationError
+from alkstore import AsyncOutbox, Outbox, Queue, QueueOpts, Store, ValidationError
 from alkstore_contract_tests import T0, ManualClock
 
 
@@ -128,3 +131,77 @@ def test_a_permanent_error_ends_the_relay(store: Store, monkeypatch: pytest.Monk
     with pytest.raises(alkstore.EngineError, match="replaced"):
         outbox.relay(print, worker_id="relay", poll_interval_s=0.01)
     assert calls == [100, 100]
+
+
+def test_an_async_outbox_heartbeats_a_slow_batch_without_blocking_the_loop(
+    tmp_path: Path,
+) -> None:
+    """``AsyncOutbox``'s heartbeats are a task of the loop, awaiting the
+    store: while a slow ``async def`` send awaits, they run and keep the
+    batch claimed past its visibility timeout (the slow-send scenario above,
+    through the async surface; the store's clock moves only here)."""
+    clock = ManualClock(T0)
+    sent: Counter[int] = Counter()
+
+    async def main() -> list[Any]:
+        async with alkstore.open_async(f"sqlite:///{tmp_path / 'outbox.db'}", clock=clock) as store:
+            queue = store.queue("outbox", QueueOpts(visibility_timeout_s=0.6))
+            outbox = AsyncOutbox(queue)
+            ids = await queue.enqueue_many([1, 2, 3])
+
+            async def renewed_since(instant: datetime) -> bool:
+                jobs = [await queue.get_job(job_id) for job_id in ids]
+                return all(
+                    job is not None
+                    and job.claim_deadline is not None
+                    and job.claim_deadline >= instant + timedelta(seconds=0.6)
+                    for job in jobs
+                )
+
+            async def slow_send(message: int) -> None:
+                sent[message] += 1
+                if message != 3:
+                    now = clock.advance(0.35)
+                    deadline = time.monotonic() + 30
+                    while not await renewed_since(now):
+                        assert time.monotonic() < deadline, "no heartbeat renewed the claims"
+                        await asyncio.sleep(0.01)
+
+            delivered = await outbox.relay_once(slow_send, worker_id="relay")
+            again = await outbox.relay_once(slow_send, worker_id="other")
+            return [delivered, again, clock(), tuple(await queue.stats())]
+
+    assert asyncio.run(main()) == [3, 0, T0 + timedelta(seconds=0.7), (0, 0, 0, 0)]
+    assert sent == {1: 1, 2: 1, 3: 1}
+
+
+def test_sends_run_where_they_block_nothing(tmp_path: Path) -> None:
+    """``AsyncOutbox`` runs a plain ``send`` on a thread, not on the loop;
+    the sync ``Outbox`` refuses an ``async def`` send called from inside a
+    running loop (it would block it) before claiming anything."""
+    url = f"sqlite:///{tmp_path / 'outbox.db'}"
+    on_a_loop: list[tuple[object, bool]] = []
+
+    def plain(message: object) -> None:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            on_a_loop.append((message, False))
+        else:
+            on_a_loop.append((message, True))
+
+    async def coroutine_send(message: object) -> None:
+        pass
+
+    async def main(queue: Queue) -> int:
+        with pytest.raises(ValidationError, match="runs inside an event loop"):
+            Outbox(queue).relay_once(coroutine_send, worker_id="relay")
+        assert queue.stats().pending == 2
+        async with alkstore.open_async(url) as astore:
+            return await AsyncOutbox(astore.queue("outbox")).relay_once(plain, worker_id="relay")
+
+    with alkstore.open(url) as store:
+        queue = store.queue("outbox")
+        queue.enqueue_many(["a", "b"])
+        assert asyncio.run(main(queue)) == 2
+    assert on_a_loop == [("a", False), ("b", False)]  # on a thread, where no loop runs

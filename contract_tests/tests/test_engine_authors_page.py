@@ -35,9 +35,10 @@ EXAMPLE_FILES = {
     "project/tests/test_delegate_contract.py",
 }
 
-#: The tests each capability of the page's harness turns on: the 18 that
-#: ``app_connection`` enables (3 of them through the async surface), case
-#: 011 (``dead_letter_inserts_fail``) and the two fork tests
+#: The tests each capability of the page's harness turns on: the 20 that
+#: ``app_connection`` enables (3 of them through the async surface, 1 the
+#: worker's ``aenqueue_tx``, 1 ``AsyncOutbox.add``), case 011
+#: (``dead_letter_inserts_fail``) and the two fork tests
 #: (``stores_survive_fork``).
 APP_CONNECTION = (
     "commit_makes_the_job_visible or rollback_leaves_no_job or rollback_to_savepoint"
@@ -45,10 +46,11 @@ APP_CONNECTION = (
     " or options_resolve_as_for_enqueue or committed_message_is_relayed"
     " or rolled_back_message_is_never_sent or refused_message_aborts_nothing"
     " or enqueue_tx_commits_and_rolls_back or async_surface_tx"
+    " or outbox_add_commits_with_the_callers_transaction"
 )
 DEAD_LETTER_FAULT = "case_011"
 FORK = "opened_before_fork or parent_closing_its_store"
-CAPABILITY_TESTS = 18 + 1 + 2
+CAPABILITY_TESTS = 20 + 1 + 2
 
 #: The page's harness with sqlite3's default (implicit) transactions: the
 #: page says the suite then fails its check that ``enqueue_tx`` refuses a

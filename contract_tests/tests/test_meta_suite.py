@@ -118,6 +118,9 @@ ACK_MANY = (
 
 #: The async surface's tests (suite/async_surface.py).
 ASYNC = "async_surface"
+#: Async tasks in the worker, and the runtime's async forms
+#: (suite/async_worker.py, suite/async_runtime.py).
+ASYNC_RUNTIME = "async_worker or async_runtime"
 ASYNC_CLAIMS = "async_surface and (exactly_once or racing_for_one)"
 
 
@@ -349,10 +352,18 @@ def test_an_async_enqueue_that_skips_validation_fails(
     }
 
 
+def test_an_async_enqueue_that_skips_validation_fails_aenqueue(run_suite: RunSuite) -> None:
+    """A task's ``aenqueue`` goes through the app's async store, the
+    engine's native one: one that writes what it cannot check stores a
+    task call the sync ``enqueue`` refuses."""
+    result = run_suite("broken_engines", "UncheckedEnqueueHarness", "-k", ASYNC_RUNTIME)
+    assert failed_tests(result) == {"test_async_worker_aenqueue_refuses_what_enqueue_refuses"}
+
+
 def test_the_sqlite_engine_passes_the_same_selection(run_suite: RunSuite) -> None:
     keys = (
         *(ORDER, STALE, RACE, DEAD, MODEL, REQUEUE, PAUSE, FIRE, TURN, POISON, TIES, STATS),
-        *(MOVES, ASYNC),
+        *(MOVES, ASYNC, ASYNC_RUNTIME),
     )
     selection = " or ".join(f"({k})" for k in keys)
     result = run_suite("broken_engines", "SqliteHarness", "-k", selection)
@@ -371,11 +382,12 @@ def test_an_in_process_engine_passes_with_capabilities_skipped(run_suite: RunSui
     assert outcomes["passed"] > 300
     # only the capabilities this engine lacks are skipped: 10 process tests
     # (4 claim races, 4 worker crashes and signals, 1 scheduler race, 1 of
-    # async coroutines), 18 transactional ones (11 contract, 3 outbox, 1
-    # worker, 3 async), case 011's fault injection, the two fork tests
+    # async coroutines), 20 transactional ones (11 contract, 3 outbox, 1
+    # worker, 3 async, 1 async worker, 1 async outbox), case 011's fault
+    # injection, the two fork tests
     assert skip_reasons(result) == {
         "this engine's harness cannot open its target in a spawned process": 10,
-        "this engine's harness gives no application connection": 18,
+        "this engine's harness gives no application connection": 20,
         "this engine's harness cannot inject dead-letter faults": 1,
         "this engine's harness does not declare stores_survive_fork": 2,
     }

@@ -34,7 +34,7 @@ from alkstore.runtime.worker import (
     type=click.IntRange(1, 1024),
     default=1,
     show_default=True,
-    help="Jobs run at once (threads).",
+    help="Jobs run at once (sync tasks on threads, async tasks as coroutines).",
 )
 @click.option("--burst", is_flag=True, help="Exit once no job is ready (RQ's burst mode).")
 @seconds_option(

@@ -26,6 +26,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "AsyncOpen",
     "EngineFactory",
+    "has_native_async",
     "open",
     "open_async",
     "register",
@@ -152,6 +153,22 @@ def open(url: str | None = None, **engine_options: Any) -> Store:
     """
     url, factory = _engine_for(url)
     return factory(url, **engine_options)
+
+
+def has_native_async(url: str | None = None) -> bool:
+    """Whether the engine of ``url`` (``None``: the default URL) has native
+    async primitives: its factory carries an ``open_async`` attribute, which
+    :func:`open_async` then uses instead of the thread adapter
+    (docs/async.md). Blocking: it reads the installed entry points and
+    imports the engine; call it off an event loop.
+
+    Raises
+    ------
+    ValidationError, UnknownEngineError
+        As :func:`open` for the URL and its scheme.
+    """
+    _, factory = _engine_for(url)
+    return getattr(factory, "open_async", None) is not None
 
 
 def _engine_for(url: object) -> tuple[str, EngineFactory]:

@@ -48,7 +48,7 @@ from alkstore.contract.store import Store, check_store
 from alkstore.contract.store_async import AsyncStore
 from alkstore.contract.subscription import Subscription
 from alkstore.contract.subscription_async import AsyncSubscription
-from alkstore.errors import EngineError, StoreClosedError
+from alkstore.errors import EngineError, StoreClosedError, ValidationError
 from alkstore.logic import validation as v
 from alkstore.logic.codec import EncodedPayload
 from alkstore.logic.options import QueueOpts
@@ -62,6 +62,7 @@ __all__ = [
     "ThreadedAsyncStore",
     "ThreadedAsyncSubscription",
     "open_threaded",
+    "threaded_over",
 ]
 
 #: The default size of a threaded store's pool: how many of its operations
@@ -78,8 +79,8 @@ class ThreadedAsyncStore(AsyncStore):
     """An :class:`~alkstore.AsyncStore` on a sync :class:`~alkstore.Store`.
 
     Usually made by :func:`alkstore.open_async`; build one directly to give
-    async code a store already open. The async store owns ``store``:
-    ``await close()`` closes it, then ends the threads.
+    async code a store already open. By default the async store owns
+    ``store``: ``await close()`` closes it, then ends the threads.
 
     Parameters
     ----------
@@ -87,6 +88,12 @@ class ThreadedAsyncStore(AsyncStore):
         An open sync store; its clock and random source are used.
     max_threads
         The pool's size, ``1 .. 1024``.
+    owns_store
+        ``False`` leaves ``store`` open on ``await close()``, which then
+        closes only what the async store opened (its subscriptions) and ends
+        its threads: for a sync store that others use and close, such as
+        :class:`~alkstore.App`'s (aiohttp's ``connector_owner``). The async
+        store counts as closed once ``store`` is.
 
     Raises
     ------
@@ -100,12 +107,16 @@ class ThreadedAsyncStore(AsyncStore):
         store: Store,
         *,
         max_threads: int = DEFAULT_MAX_THREADS,
+        owns_store: bool = True,
         _executor: ThreadPoolExecutor | None = None,
     ) -> None:
         store = check_store(store, "ThreadedAsyncStore")
         max_threads = v.int_in_range(max_threads, "max_threads", 1, 1024)
+        if not isinstance(owns_store, bool):
+            raise ValidationError(f"owns_store must be a bool, not {type(owns_store).__name__}")
         super().__init__(rng=store.rng)
         self._sync = store
+        self._owns_store = owns_store
         self._executor = _executor or _pool(max_threads)
         # The engine's own clock may read the database (PostgreSQL samples
         # the server's): then even the clock read goes to a thread.
@@ -164,12 +175,35 @@ class ThreadedAsyncStore(AsyncStore):
 
     async def _close(self) -> None:
         try:
-            # The sync close releases the subscriptions' blocked waits too.
-            await self._run(self._sync.close)
+            await self._run(self._close_owned)
         finally:
+            self._end_threads()
+
+    def _close_blocking(self) -> None:
+        """:meth:`close` for sync code (``App.close``): the same, on this
+        thread, without an event loop; idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self._close_owned()
+        finally:
+            self._end_threads()
+
+    def _close_owned(self) -> None:
+        """Close the sync store if this store owns it (which releases the
+        subscriptions' blocked waits too), else the subscriptions it opened."""
+        if self._owns_store:
+            self._sync.close()
+        else:
             for subscription in list(self._subscriptions):
-                subscription._executor.shutdown(wait=False)
-            self._executor.shutdown(wait=False)
+                subscription._sync.close()
+
+    def _end_threads(self) -> None:
+        for subscription in list(self._subscriptions):
+            subscription._executor.shutdown(wait=False)
+        self._executor.shutdown(wait=False)
 
     async def _queue_names(self) -> list[str]:
         return await self._run(self._sync._queue_names)
@@ -397,6 +431,31 @@ def _start_threads(executor: ThreadPoolExecutor, n: int) -> None:
 def _meet(barrier: threading.Barrier) -> None:
     with contextlib.suppress(threading.BrokenBarrierError):
         barrier.wait(5)
+
+
+def threaded_over(
+    store: Store, *, owns_store: bool, max_threads: int = DEFAULT_MAX_THREADS
+) -> ThreadedAsyncStore:
+    """A :class:`ThreadedAsyncStore` on ``store`` whose pool's threads are
+    already started, so that no operation starts one on the event loop.
+    Blocking (a thread start waits for the thread): call it off the loop.
+
+    Raises
+    ------
+    ValidationError
+        As :class:`ThreadedAsyncStore`.
+    """
+    max_threads = v.int_in_range(max_threads, "max_threads", 1, 1024)
+    executor = _pool(max_threads)
+    try:
+        threaded = ThreadedAsyncStore(
+            store, max_threads=max_threads, owns_store=owns_store, _executor=executor
+        )
+    except BaseException:
+        executor.shutdown(wait=False)
+        raise
+    _start_threads(executor, max_threads)
+    return threaded
 
 
 async def open_threaded(

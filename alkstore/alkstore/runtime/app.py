@@ -9,6 +9,8 @@ tasks by name.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -20,13 +22,19 @@ from alkstore.contract.registry import open as open_store
 from alkstore.contract.store import Store
 from alkstore.errors import ValidationError
 from alkstore.logic import validation as v
-from alkstore.logic.callbacks import check_runs_when_called
+from alkstore.logic.callbacks import handler_kind
 from alkstore.logic.options import QueueOpts
 from alkstore.runtime.outbox import Outbox, Send
 from alkstore.runtime.task import Task, default_task_name
 
 if TYPE_CHECKING:
+    import asyncio
+    from concurrent.futures import Future
+
     from alkstore.contract.queue import Queue
+    from alkstore.contract.queue_async import AsyncQueue
+    from alkstore.contract.store_async import AsyncStore
+    from alkstore.runtime.outbox_async import AsyncOutbox
     from alkstore.runtime.worker import Worker
 
 __all__ = ["DEFAULT_QUEUE", "App"]
@@ -37,12 +45,22 @@ R = TypeVar("R")
 #: The queue of a task registered without ``queue=`` (RQ's default name).
 DEFAULT_QUEUE = "default"
 
+log = logging.getLogger("alkstore")
+
+
+class _OpeningAbandoned(Exception):
+    """The coroutine opening the app's async store was cancelled: another
+    caller waiting for it opens it instead."""
+
 
 class App:
     """Tasks, their queues and the store they share.
 
     The store is opened lazily, on the first enqueue, worker or
     :attr:`store` access, so an ``App`` can be created at import time.
+    Async code gets the app's :class:`AsyncStore` with ``await``
+    :meth:`astore` (opened lazily too) and closes both with ``await``
+    :meth:`aclose` or ``async with app`` (docs/async.md).
 
     Parameters
     ----------
@@ -90,6 +108,12 @@ class App:
         # in _relay_opts, apart from the task queues a worker claims from.
         self._relays: dict[str, Send] = {}
         self._relay_opts: dict[str, QueueOpts] = {}
+        # The async store (astore()), the opening under way, the loop a
+        # native one belongs to, and its queue handles.
+        self._astore: AsyncStore | None = None
+        self._aopening: Future[AsyncStore] | None = None
+        self._aloop: asyncio.AbstractEventLoop | None = None
+        self._aqueues: dict[str, AsyncQueue] = {}
 
     def __repr__(self) -> str:
         return f"<App {self.url!r}, {len(self._tasks)} task(s)>"
@@ -151,11 +175,30 @@ class App:
 
     def close(self) -> None:
         """Close the store if the app opened it; idempotent. Tasks stay
-        registered, and the next use opens a new store."""
+        registered, and the next use opens a new store.
+
+        The async store (:meth:`astore`) is closed with it when it is the
+        thread adapter, which needs no event loop to close. Any other needs
+        its loop: it is left open (and a warning logged) for ``await``
+        :meth:`aclose`.
+        """
+        from_sync = None
         with self._lock:
             store, self._queues = self._store, {}
             if self._owns_store:
                 self._store = None
+            astore = self._astore
+            if astore is not None:
+                from alkstore.contract.threaded import ThreadedAsyncStore
+
+                if isinstance(astore, ThreadedAsyncStore):
+                    from_sync, self._astore, self._aloop, self._aqueues = astore, None, None, {}
+        if from_sync is not None:
+            from_sync._close_blocking()
+        elif astore is not None:
+            log.warning(
+                "app.close() leaves the app's async store open: close it with await app.aclose()"
+            )
         if store is not None and self._owns_store:
             store.close()
 
@@ -169,6 +212,181 @@ class App:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+    # -- the async store (docs/async.md "Tasks and workers") ------------------
+
+    async def astore(self) -> AsyncStore:
+        """The app's :class:`AsyncStore`, opened on the first await (once,
+        whatever the number of coroutines, threads and loops asking).
+
+        When the engine has native async primitives (docs/async.md), it is
+        ``await alkstore.open_async(app.url, **engine_options)``: a store of
+        its own, bound to the event loop that opened it. Otherwise it is a
+        :class:`~alkstore.contract.threaded.ThreadedAsyncStore` over the
+        app's own :attr:`store` (opened if need be, off the loop), which it
+        never closes; an app made with ``store=`` wraps that store. Either
+        way nothing blocks the loop: engine lookup, opening and the thread
+        starts run on a thread.
+
+        Raises
+        ------
+        UnknownEngineError, ValidationError, SchemaVersionError, EngineError
+            As :func:`alkstore.open_async` and :attr:`store`.
+        RuntimeError
+            For a native async store opened on another event loop that is
+            still open (close it there with :meth:`aclose`). One whose loop
+            has closed is dropped with a warning, and a new one opened.
+        """
+        store = self._astore
+        if store is not None and self._check_loop():
+            return store
+        import asyncio
+        from concurrent.futures import Future
+
+        while True:
+            with self._lock:
+                store = self._astore
+            if store is not None and self._check_loop():
+                return store
+            with self._lock:
+                if self._astore is not None:
+                    continue
+                opening = self._aopening
+                mine = opening is None
+                if opening is None:
+                    opening = self._aopening = Future()
+            if not mine:
+                try:
+                    # Shielded: a waiter's cancellation never cancels the opening.
+                    return await asyncio.shield(asyncio.wrap_future(opening))
+                except _OpeningAbandoned:
+                    continue
+            try:
+                store, loop = await self._open_astore()
+            except BaseException as error:
+                with self._lock:
+                    self._aopening = None
+                opening.set_exception(
+                    error if isinstance(error, Exception) else _OpeningAbandoned()
+                )
+                raise
+            with self._lock:
+                self._astore, self._aloop, self._aopening = store, loop, None
+            opening.set_result(store)
+            return store
+
+    async def _open_astore(self) -> tuple[AsyncStore, asyncio.AbstractEventLoop | None]:
+        """Open the async store; also the loop it belongs to (``None``: any)."""
+        import asyncio
+
+        from alkstore.contract.registry import has_native_async, open_async
+        from alkstore.contract.threaded import threaded_over
+
+        if self._owns_store:
+            url = self.url
+            if await asyncio.to_thread(has_native_async, url):
+                with self._lock:
+                    self._url = url  # resolved once, as the store's is
+                store: AsyncStore = await open_async(url, **self._engine_options)
+                return store, asyncio.get_running_loop()
+        return await asyncio.to_thread(lambda: threaded_over(self.store, owns_store=False)), None
+
+    def _check_loop(self) -> bool:
+        """Whether the async store may be used on the running loop: any
+        loop for the thread adapter's, only its own for a native one. A
+        native store whose loop is closed cannot be used or closed any more:
+        it is dropped, with a warning, and ``False`` returned."""
+        loop = self._aloop
+        if loop is None:
+            return True
+        import asyncio
+
+        if asyncio.get_running_loop() is loop:
+            return True
+        if not loop.is_closed():
+            raise RuntimeError(
+                "the app's async store is native to another event loop, still open; "
+                "close it there with await app.aclose() before using the app on this one"
+            )
+        with self._lock:
+            if self._aloop is loop:
+                self._astore, self._aloop, self._aqueues = None, None, {}
+        log.warning(
+            "the app's async store belonged to an event loop that has closed, so it could "
+            "not be closed: await app.aclose() before the loop ends"
+        )
+        return False
+
+    async def aqueue(self, name: str) -> AsyncQueue:
+        """The async store's handle on the queue ``name`` with
+        :meth:`queue_opts`, as :meth:`queue` is the store's (cached; opens
+        the async store).
+
+        Raises
+        ------
+        ValidationError
+            For a name outside docs/contract.md §3's rule.
+        UnknownEngineError, SchemaVersionError, EngineError, RuntimeError
+            As :meth:`astore`.
+        """
+        store = await self.astore()
+        with self._lock:
+            queue = self._aqueues.get(name)
+            if queue is None or queue.store is not store:
+                queue = store.queue(name, self.queue_opts(name))
+                self._aqueues[name] = queue
+            return queue
+
+    async def aoutbox(self, queue: str) -> AsyncOutbox:
+        """The :class:`~alkstore.AsyncOutbox` on the queue ``queue``, with
+        the options its relay gave, as :meth:`outbox` (opens the async store).
+
+        Raises
+        ------
+        ValidationError
+            For a name outside docs/contract.md §3's rule.
+        """
+        from alkstore.runtime.outbox_async import AsyncOutbox
+
+        return AsyncOutbox(await self.aqueue(queue))
+
+    async def aclose(self) -> None:
+        """Close the async store, then the store, each if the app opened it;
+        idempotent. The next use opens new ones. A :class:`ThreadedAsyncStore`
+        over the app's store (or a ``store=`` given) ends its threads and
+        leaves that store to :meth:`close`.
+
+        Raises
+        ------
+        RuntimeError
+            For a native async store opened on another event loop that is
+            still open.
+        """
+        import asyncio
+
+        with self._lock:
+            opening = self._aopening
+        if opening is not None:  # let it finish, then close what it opened
+            with contextlib.suppress(Exception):  # the opener raised it already
+                await asyncio.shield(asyncio.wrap_future(opening))
+        astore = None
+        if self._check_loop():
+            with self._lock:
+                astore, self._astore, self._aloop, self._aqueues = self._astore, None, None, {}
+        if astore is not None:
+            await astore.close()
+        await asyncio.to_thread(self.close)
+
+    async def __aenter__(self) -> App:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
 
     # -- tasks and queues ----------------------------------------------------
 
@@ -246,8 +464,10 @@ class App:
         ValidationError
             For a bad queue name or option, a name already registered,
             options that differ from those another task gave the same queue,
-            or a function whose call does not run its body (``async def``, a
-            generator function: :func:`~alkstore.logic.callbacks.check_runs_when_called`).
+            or a generator or async generator function, whose call runs
+            none of its body (:func:`~alkstore.logic.callbacks.handler_kind`).
+            A coroutine function (``async def``) is an async task: a worker
+            awaits it on its event loop (docs/tasks-and-workers.md).
         """
         v.queue_name(queue)
         opts = self._check_queue_opts(queue_opts) if queue_opts else None
@@ -255,7 +475,7 @@ class App:
         def register(function: Callable[P, R]) -> Task[P, R]:
             if not callable(function):
                 raise ValidationError(f"a task must be callable, not {type(function).__name__}")
-            check_runs_when_called(function, "a task")
+            handler_kind(function, "a task")
             task_name = default_task_name(function) if name is None else name
             if not isinstance(task_name, str) or not task_name:
                 raise ValidationError("a task name must be a non-empty str")
@@ -275,6 +495,7 @@ class App:
                 if opts is not None or queue not in self._queue_opts:
                     self._queue_opts[queue] = opts if opts is not None else known
                     self._queues.pop(queue, None)
+                    self._aqueues.pop(queue, None)
                 created: Task[P, R] = Task(self, function, task_name, queue)
                 self._tasks[task_name] = created
                 return created
@@ -328,8 +549,9 @@ class App:
         ------
         ValidationError
             For a bad queue name or option, a queue that already has a relay
-            or tasks, or a ``send`` that is not callable or whose call does
-            not run its body (``async def``, a generator function).
+            or tasks, or a ``send`` that is not callable or is a generator or
+            async generator function. A coroutine function (``async def``)
+            is awaited on the worker's event loop (docs/outbox.md).
         """
         v.queue_name(queue)
         opts = self._check_queue_opts(queue_opts)
@@ -337,7 +559,7 @@ class App:
         def register(send: Send) -> Send:
             if not callable(send):
                 raise ValidationError(f"a relay must be callable, not {type(send).__name__}")
-            check_runs_when_called(send, "a relay's send")
+            handler_kind(send, "a relay's send")
             with self._lock:
                 if queue in self._relays:
                     raise ValidationError(f"queue {queue!r} already has a relay")
@@ -348,6 +570,7 @@ class App:
                 self._relays[queue] = send
                 self._relay_opts[queue] = opts
                 self._queues.pop(queue, None)
+                self._aqueues.pop(queue, None)
             return send
 
         return register
@@ -376,7 +599,8 @@ class App:
             Queue names to work, in priority order; ``None`` for every queue
             of the registered tasks.
         concurrency
-            How many jobs run at once (threads), ``>= 1``.
+            How many jobs run at once, ``>= 1``: sync tasks on threads,
+            async tasks as coroutines on the worker's event loop.
         **options
             :class:`Worker`'s keyword options (``poll_interval_s``,
             ``grace_period_s`` ...).

@@ -1,3 +1,5 @@
+# WARNING: generated from heartbeat_async.py by tools/async_to_sync.py.
+# Do not edit: change heartbeat_async.py, then run `python tools/async_to_sync.py`.
 """Automatic heartbeats for a worker's running jobs (docs/tasks-and-workers.md
 "Heartbeats").
 
@@ -14,12 +16,12 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable
 
 from alkstore.contract.handle import JobHandle
 from alkstore.errors import EngineError, StoreClosedError
+from alkstore.runtime._acompat import Condition, Lock, Spawned, gather, spawn
 from alkstore.runtime.lease import Lease, gone_while_held, store_now
 
 __all__ = ["HEARTBEAT_FRACTION", "Heartbeater"]
@@ -34,7 +36,8 @@ _RETRY_AFTER_ERROR_S = 1.0
 
 
 class Heartbeater:
-    """Heartbeats registered jobs from one background thread.
+    """Heartbeats registered jobs in the background: from one daemon thread,
+    or, in the async form, from one task of the running event loop.
 
     The schedule is kept on a monotonic clock, not the store's: it only
     decides *when* to send a beat; the store decides whether the claim is
@@ -43,11 +46,11 @@ class Heartbeater:
     Parameters
     ----------
     name
-        The thread's name.
+        The thread's (or task's) name.
     monotonic
         The clock for the schedule, seconds; injectable for tests.
     on_permanent
-        Called (on the heartbeat thread) with each heartbeat failure that is
+        Called (in the background) with each heartbeat failure that is
         a permanent :class:`~alkstore.errors.EngineError`: the worker stops
         on it.
     """
@@ -62,10 +65,10 @@ class Heartbeater:
         self._monotonic = monotonic
         self._on_permanent = on_permanent
         self._beats: set[Lease] = set()
-        self._cond = threading.Condition(threading.Lock())
+        self._cond = Condition(Lock())
         self._stopping = False
-        self._thread: threading.Thread | None = None
-        # When the waiting thread will wake by itself (monotonic seconds; inf
+        self._runner: Spawned | None = None
+        # When the background wait will end by itself (monotonic seconds; inf
         # while it is awake or idle): a job added with a later first beat
         # needs no wake-up, which spares a thread switch per job under load.
         self._wake_at = math.inf
@@ -158,18 +161,17 @@ class Heartbeater:
         return max(0.0, min(pending) - self._monotonic()) if pending else math.inf
 
     def start(self) -> None:
-        """Start the background thread."""
-        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-        self._thread.start()
+        """Start beating in the background."""
+        self._runner = spawn(self._run, self._name)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop sending beats (running jobs then lapse) and wait up to
-        ``timeout_s`` seconds for the thread to end."""
+        ``timeout_s`` seconds for the background work to end."""
         with self._cond:
             self._stopping = True
             self._cond.notify()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        if self._runner is not None:
+            gather(self._runner, timeout_s)
 
     def _run(self) -> None:
         # stop() sets _stopping and notifies: the next pass sees it.
@@ -179,9 +181,9 @@ class Heartbeater:
             except StoreClosedError:
                 return
             except Exception:
-                # A bug must not end the thread: every running job's claim
+                # A bug must not end the heartbeats: every running job's claim
                 # would lapse while its handler ran on.
-                log.exception("the heartbeat thread failed; trying again")
+                log.exception("heartbeating failed; trying again")
                 wait_s = _RETRY_AFTER_ERROR_S
             with self._cond:
                 if self._stopping:

@@ -1,3 +1,5 @@
+# WARNING: generated from lease_async.py by tools/async_to_sync.py.
+# Do not edit: change lease_async.py, then run `python tools/async_to_sync.py`.
 """What a worker knows of the claims it holds: the lease (docs/tasks-and-workers.md
 "Heartbeats").
 
@@ -14,22 +16,23 @@ fail on an error that may pass (:class:`~alkstore.errors.EngineError` with
 :func:`write_while_held` until they land or the claim would have lapsed,
 as SQS consumers retry ``DeleteMessage`` within the visibility timeout. Only
 a lapsed claim is abandoned, so a passing fault never makes finished work
-run again (case 015).
+run again (case 015). :func:`retry_or_bury` is the retry such a write makes.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TypeVar
 
 from alkstore.contract.handle import JobHandle
+from alkstore.contract.job import MAX_ATTEMPTS_EXCEEDED
 from alkstore.errors import EngineError
+from alkstore.runtime._acompat import Event, sleep, wait_event
 
-__all__ = ["Lease", "gone_while_held", "store_now", "write_while_held"]
+__all__ = ["Lease", "gone_while_held", "retry_or_bury", "store_now", "write_while_held"]
 
 log = logging.getLogger("alkstore.worker")
 
@@ -126,12 +129,23 @@ def gone_while_held(lease: Lease, now: float) -> bool:
         return False
 
 
+def _all_hold(leases: Sequence[Lease], now: float) -> bool:
+    """Whether every lease :meth:`~Lease.holds` ``now`` (the first that
+    does not ends the look)."""
+    for lease in leases:
+        if not lease.holds(now):
+            break
+    else:
+        return True
+    return False
+
+
 def write_while_held(
     write: Callable[[], T],
     leases: Sequence[Lease],
     what: str,
     *,
-    stop: threading.Event | None = None,
+    stop: Event | None = None,
     monotonic: Callable[[], float] = time.monotonic,
 ) -> T:
     """Call ``write`` until it returns, trying again after an
@@ -172,7 +186,7 @@ def write_while_held(
             if (
                 error.permanent
                 or (stop is not None and stop.is_set())
-                or not all(lease.holds(now) for lease in leases)
+                or not _all_hold(leases, now)
             ):
                 raise
             failures += 1
@@ -186,11 +200,46 @@ def write_while_held(
                 )
             wait_s = min(pause, max(0.0, ends - now))
             if stop is None:
-                time.sleep(wait_s)
-            elif stop.wait(wait_s):
+                sleep(wait_s)
+            elif wait_event(stop, wait_s):
                 raise
             pause = min(pause * 2, _RETRY_MAX_S)
             continue
         if failures:
             log.info("%s succeeded after %d failure(s)", what, failures)
         return result
+
+
+def retry_or_bury(handle: JobHandle, error: str, delay_s: float | None = None) -> bool:
+    """Retry a claimed job, or dead-letter it if this was its last attempt,
+    keeping the error that spent it.
+
+    :meth:`JobHandle.retry` at the budget stores only ``"max attempts
+    exceeded"`` (docs/contract.md §3); the worker and the outbox relay, which know the
+    error, call :meth:`JobHandle.fail` instead with ``"max attempts
+    exceeded; last error: <error>"``, so the dead row says why, as Oban's and
+    River's keep each attempt's error. The job ends dead either way.
+
+    Parameters
+    ----------
+    handle
+        A claimed job; its ``attempts`` is the claim's (post-claim) count.
+    error
+        The ``last_error`` text (capped at 65,536 characters, docs/contract.md §3).
+    delay_s
+        Seconds until the retry runs; ``None`` is the queue's backoff.
+
+    Returns
+    -------
+    bool
+        What :meth:`JobHandle.retry` or :meth:`JobHandle.fail` returned:
+        ``False`` when the claim was no longer valid.
+
+    Raises
+    ------
+    ValidationError, EngineError, StoreClosedError
+        As the handle's methods raise them.
+    """
+    if handle.attempts >= handle.max_attempts:
+        return handle.fail(f"{MAX_ATTEMPTS_EXCEEDED}; last error: {error}")
+    return handle.retry(error, delay_s)

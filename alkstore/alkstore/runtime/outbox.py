@@ -1,20 +1,21 @@
+# WARNING: generated from outbox_async.py by tools/async_to_sync.py.
+# Do not edit: change outbox_async.py, then run `python tools/async_to_sync.py`.
 """The transactional :class:`Outbox`: messages written with the business data
 and relayed afterwards, at least once (docs/outbox.md)."""
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from alkstore.errors import EngineError, ValidationError
 from alkstore.logic import validation as v
-from alkstore.logic.callbacks import check_ran, check_runs_when_called
+from alkstore.runtime._acompat import Event, caller, wait_event
 from alkstore.runtime.heartbeat import Heartbeater
-from alkstore.runtime.lease import Lease, write_while_held
-from alkstore.runtime.outcome import describe_exception, retry_or_bury
+from alkstore.runtime.lease import Lease, retry_or_bury, write_while_held
+from alkstore.runtime.outcome import describe_exception
 
 if TYPE_CHECKING:
     from alkstore.contract.queue import Queue
@@ -30,8 +31,12 @@ DEFAULT_RELAY_POLL_S = 1.0
 # How often a waiting relay looks at its stop event.
 _STOP_SLICE_S = 0.1
 
-#: Delivers one message; returning means delivered, raising means retry.
+#: Delivers one message; returning means delivered, raising means retry. A
+#: plain function or a coroutine function (``async def``), whose coroutine
+#: is awaited (docs/outbox.md).
 Send = Callable[[Any], object]
+#: A relay's call of ``send`` on one message (:func:`~alkstore.runtime._acompat.caller`).
+_Deliver = Callable[[Any], object]
 
 
 class Outbox:
@@ -47,6 +52,14 @@ class Outbox:
     and the ack, or a claim that lapses, sends the message again, so
     ``send`` must be idempotent or the receiver must deduplicate (the job id
     is a stable key: see ``JobHandle.job.id``).
+
+    ``send`` may be a plain function or a coroutine function (``async
+    def``). Relayed from async code, a coroutine function's coroutine is
+    awaited on the running loop and a plain function runs on a thread
+    (``asyncio.to_thread``), so a blocking ``send`` never blocks the loop.
+    Relayed from sync code, a plain function runs on the relay's thread and
+    a coroutine function on an event loop: a worker's own when a worker
+    runs the relay, else one the call owns, on the relay's thread.
 
     Parameters
     ----------
@@ -80,9 +93,11 @@ class Outbox:
         Parameters
         ----------
         conn
-            The engine's driver connection inside a transaction
-            (``sqlite3.Connection`` on the store's file,
-            ``psycopg.Connection`` on its database).
+            The engine's driver connection inside a transaction, as
+            :meth:`Queue.enqueue_tx` takes it (``sqlite3.Connection``
+            on the store's file, ``psycopg.Connection`` on its database;
+            an engine with native async primitives takes its async driver's
+            connection, docs/async.md).
         message
             A payload (docs/contract.md §3 "Payload").
         options
@@ -109,24 +124,28 @@ class Outbox:
         :meth:`Queue.ack_many`; each one it raised for is retried with the
         exception's text as ``last_error`` and the queue's backoff (dead at
         its attempt budget, with ``last_error`` ``"max attempts exceeded;
-        last error: <text>"``, :func:`~alkstore.runtime.outcome.retry_or_bury`).
-        Until its ack or retry, every claimed message is heartbeaten from a
-        background thread every third of its visibility timeout, as a
-        worker's jobs are, so a slow ``send`` does not let the batch lapse
-        and be handed out again; an ack or retry that fails on an error
-        that may pass is tried again while the claims hold
+        last error: <text>"``, :func:`~alkstore.runtime.lease.retry_or_bury`).
+        Until its ack or retry, every claimed message is heartbeaten in the
+        background every third of its visibility timeout, as a worker's
+        jobs are, so a slow ``send`` does not let the batch lapse and be
+        handed out again; an ack or retry that fails on an error that may
+        pass is tried again while the claims hold
         (:func:`~alkstore.runtime.lease.write_while_held`).
 
         Parameters
         ----------
         send
             Called with each decoded message; returning means delivered,
-            raising means "not delivered". A ``send`` whose call does not run
-            its body (``async def``, a generator function) is refused with
-            ``ValidationError``; one that returns an awaitable or a
-            generator anyway has not delivered: the message is retried.
-            ``BaseException``\\ s other than ``Exception`` (``KeyboardInterrupt``)
-            propagate; the unacked claims then lapse and are sent again.
+            raising means "not delivered". A plain function or a coroutine
+            function (``async def``, a ``functools.partial`` of one, an
+            object whose ``__call__`` is one), whose coroutine is awaited:
+            the message is acked only once it returned. A generator or
+            async generator function is refused with ``ValidationError``
+            before anything is claimed; a plain function that returns an
+            awaitable or a generator has not delivered: the message is
+            retried. ``BaseException``\\ s other than ``Exception``
+            (``KeyboardInterrupt``, a cancellation) propagate; the unacked
+            claims then lapse and are sent again.
         worker_id
             Recorded on the claims (1 to 255 characters).
         batch_size
@@ -144,7 +163,11 @@ class Outbox:
         self._queue.store._check_open()
         heartbeater = self._heartbeater()
         try:
-            return self._relay_batch(send, worker_id, batch_size, heartbeater)[1]
+            batch_size = v.int_in_range(batch_size, "batch_size", 1, 10_000)
+            if not callable(send):
+                raise ValidationError("send must be callable")
+            with caller(send, "send") as deliver:
+                return self._relay_batch(deliver, worker_id, batch_size, heartbeater)[1]
         finally:
             heartbeater.stop()
 
@@ -154,13 +177,9 @@ class Outbox:
         return heartbeater
 
     def _relay_batch(
-        self, send: Send, worker_id: str, batch_size: int, heartbeater: Heartbeater
+        self, deliver: _Deliver, worker_id: str, batch_size: int, heartbeater: Heartbeater
     ) -> tuple[int, int]:
         """Relay one batch; return (claimed, delivered)."""
-        batch_size = v.int_in_range(batch_size, "batch_size", 1, 10_000)
-        if not callable(send):
-            raise ValidationError("send must be callable")
-        check_runs_when_called(send, "send")
         claimed = time.monotonic()
         handles = self._queue.claim_batch(worker_id, batch_size)
         if not handles:
@@ -169,7 +188,7 @@ class Outbox:
         done: list[Lease] = []
         try:
             for lease in leases:
-                if self._send(send, lease, heartbeater):
+                if self._send(deliver, lease, heartbeater):
                     done.append(lease)
         finally:
             try:
@@ -179,10 +198,10 @@ class Outbox:
                     heartbeater.remove(lease)
         return len(handles), len(done)
 
-    def _send(self, send: Send, lease: Lease, heartbeater: Heartbeater) -> bool:
+    def _send(self, deliver: _Deliver, lease: Lease, heartbeater: Heartbeater) -> bool:
         handle = lease.handle
         try:
-            check_ran(send(handle.job.payload), send, "send")
+            deliver(handle.job.payload)
         except Exception as exc:
             lease.done = True  # a heartbeat refused from now on is the retry's doing
             error = describe_exception(exc)
@@ -237,7 +256,7 @@ class Outbox:
         *,
         worker_id: str,
         batch_size: int = DEFAULT_RELAY_BATCH,
-        stop: threading.Event | None = None,
+        stop: Event | None = None,
         poll_interval_s: object = DEFAULT_RELAY_POLL_S,
     ) -> int:
         """Relay until ``stop`` is set: :meth:`relay_once` while messages are
@@ -248,7 +267,7 @@ class Outbox:
         send, worker_id, batch_size
             As :meth:`relay_once`.
         stop
-            Set it from another thread to return after the current batch.
+            Set it (a threading.Event) to return after the current batch.
         poll_interval_s
             Seconds, ``> 0``: the longest wait between polls when no wake
             arrives (docs/contract.md §3 "Wake": wakes are hints).
@@ -269,17 +288,25 @@ class Outbox:
         """
         poll_s = v.duration_s(poll_interval_s, "poll_interval_s", positive=True)
         v.worker_id(worker_id)
+        batch_size = v.int_in_range(batch_size, "batch_size", 1, 10_000)
+        if not callable(send):
+            raise ValidationError("send must be callable")
         if stop is None:
-            stop = threading.Event()
-        elif not isinstance(stop, threading.Event):
+            stop = Event()
+        elif not isinstance(stop, Event):
             raise ValidationError(f"stop must be a threading.Event, not {type(stop).__name__}")
         total = 0
         heartbeater = self._heartbeater()
         try:
-            with self._queue.store.listen(self._queue.name) as subscription:
+            with (
+                caller(send, "send") as deliver,
+                self._queue.store.listen(self._queue.name) as subscription,
+            ):
                 while not stop.is_set():
                     try:
-                        claimed, sent = self._relay_batch(send, worker_id, batch_size, heartbeater)
+                        claimed, sent = self._relay_batch(
+                            deliver, worker_id, batch_size, heartbeater
+                        )
                     except ValidationError:
                         raise
                     except Exception as exc:
@@ -290,7 +317,7 @@ class Outbox:
                         log.warning(
                             "outbox %r: relay failed; retrying", self._queue.name, exc_info=True
                         )
-                        stop.wait(poll_s)
+                        wait_event(stop, poll_s)
                         continue
                     total += sent
                     if claimed < batch_size:  # drained: wait for a wake, the poll or stop

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import traceback
 
-from alkstore.contract.handle import MAX_ATTEMPTS_EXCEEDED, JobHandle
 from alkstore.errors import ValidationError
 from alkstore.logic import validation as v
+from alkstore.runtime.lease import retry_or_bury
 
 __all__ = ["Fail", "Retry", "describe_exception", "retry_or_bury"]
 
@@ -55,7 +55,8 @@ class Retry(Exception):
 
     The retry consumes the attempt the job was claimed with: at its
     ``max_attempts`` the job is dead-lettered instead, its ``last_error``
-    ``"max attempts exceeded; last error: <message>"`` (:func:`retry_or_bury`),
+    ``"max attempts exceeded; last error: <message>"``
+    (:func:`~alkstore.runtime.lease.retry_or_bury`),
     exactly as for any other retry.
 
     Parameters
@@ -89,38 +90,3 @@ def describe_exception(exc: BaseException) -> str:
     head = "".join(traceback.format_exception_only(exc)).strip()
     trace = "".join(traceback.format_exception(exc)).rstrip()
     return f"{head}\n\n{trace}"
-
-
-def retry_or_bury(handle: JobHandle, error: str, delay_s: float | None = None) -> bool:
-    """Retry a claimed job, or dead-letter it if this was its last attempt,
-    keeping the error that spent it.
-
-    :meth:`JobHandle.retry` at the budget stores only ``"max attempts
-    exceeded"`` (docs/contract.md §3); the worker and the outbox relay, which know the
-    error, call :meth:`JobHandle.fail` instead with ``"max attempts
-    exceeded; last error: <error>"``, so the dead row says why, as Oban's and
-    River's keep each attempt's error. The job ends dead either way.
-
-    Parameters
-    ----------
-    handle
-        A claimed job; its ``attempts`` is the claim's (post-claim) count.
-    error
-        The ``last_error`` text (capped at 65,536 characters, docs/contract.md §3).
-    delay_s
-        Seconds until the retry runs; ``None`` is the queue's backoff.
-
-    Returns
-    -------
-    bool
-        What :meth:`JobHandle.retry` or :meth:`JobHandle.fail` returned:
-        ``False`` when the claim was no longer valid.
-
-    Raises
-    ------
-    ValidationError, EngineError, StoreClosedError
-        As the handle's methods raise them.
-    """
-    if handle.attempts >= handle.max_attempts:
-        return handle.fail(f"{MAX_ATTEMPTS_EXCEEDED}; last error: {error}")
-    return handle.retry(error, delay_s)

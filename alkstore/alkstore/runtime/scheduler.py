@@ -1,10 +1,11 @@
+# WARNING: generated from scheduler_async.py by tools/async_to_sync.py.
+# Do not edit: change scheduler_async.py, then run `python tools/async_to_sync.py`.
 """The :class:`Scheduler`: turns due schedule boundaries into jobs, exactly
 once per boundary however many processes tick (docs/schedules.md)."""
 
 from __future__ import annotations
 
 import logging
-import threading
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,7 @@ from alkstore.logic import validation as v
 from alkstore.logic.codec import EncodedPayload
 from alkstore.logic.cron import parse_schedule
 from alkstore.logic.resolution import EnqueueOptions, resolve
+from alkstore.runtime._acompat import Event, wait_event
 
 if TYPE_CHECKING:
     from alkstore.contract.schedule import Schedule
@@ -202,7 +204,7 @@ class Scheduler:
         self,
         *,
         interval_s: object = DEFAULT_TICK_INTERVAL_S,
-        stop: threading.Event | None = None,
+        stop: Event | None = None,
     ) -> None:
         """Tick every ``interval_s`` seconds (``> 0``, default 1) until
         ``stop`` is set; a failed tick is logged and retried next interval.
@@ -219,7 +221,7 @@ class Scheduler:
             ``alkstore scheduler`` exits non-zero on it, as a worker does.
         """
         interval = v.duration_s(interval_s, "interval_s", positive=True)
-        stop = stop or threading.Event()
+        stop = stop or Event()
         while not stop.is_set():
             try:
                 self.tick()
@@ -229,4 +231,4 @@ class Scheduler:
                 if self._store.closed or (isinstance(exc, EngineError) and exc.permanent):
                     raise
                 log.warning("scheduler tick failed: %s; retrying", exc, exc_info=True)
-            stop.wait(interval)
+            wait_event(stop, interval)

@@ -1,3 +1,5 @@
+# WARNING: generated from sweeper_async.py by tools/async_to_sync.py.
+# Do not edit: change sweeper_async.py, then run `python tools/async_to_sync.py`.
 """The :class:`Sweeper`: ``sweep_expired`` over every queue of a store, by one
 process at a time, on a cadence (docs/operations.md)."""
 

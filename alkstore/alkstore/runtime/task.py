@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, NamedTuple, ParamSpec, TypeVar
 
 from alkstore.errors import ValidationError
 from alkstore.logic import validation as v
+from alkstore.logic.callbacks import handler_kind
 from alkstore.logic.resolution import enqueue_options
 
 if TYPE_CHECKING:
@@ -128,6 +129,10 @@ class Task(Generic[P, R]):
     Calling the task runs the function in this process, as a plain call.
     :meth:`enqueue` stores a job that a :class:`Worker` runs later;
     :meth:`options` returns a copy that enqueues with per-job options.
+    Async code enqueues with ``await`` :meth:`aenqueue`,
+    :meth:`aenqueue_many` and :meth:`aenqueue_tx` (Django's ``a`` prefix
+    for the async twins of a shared object's methods), through
+    :meth:`App.aqueue`: the same checks, errors and results.
 
     Attributes
     ----------
@@ -139,6 +144,17 @@ class Task(Generic[P, R]):
         The name of the queue its jobs go to.
     func
         The function itself.
+    is_async
+        Whether ``func`` is a coroutine function (``async def``, a
+        ``functools.partial`` of one, an object whose ``__call__`` is one):
+        a worker awaits its jobs on its event loop instead of calling them
+        on a thread (docs/tasks-and-workers.md "Async tasks").
+
+    Raises
+    ------
+    ValidationError
+        For a generator or async generator function
+        (:func:`~alkstore.logic.callbacks.handler_kind`).
     """
 
     def __init__(
@@ -153,6 +169,7 @@ class Task(Generic[P, R]):
         self.func = func
         self.name = name
         self.queue = queue
+        self.is_async = handler_kind(func, "a task") == "async"
         self._enqueue_opts: dict[str, object] = dict(enqueue_opts or {})
         try:
             self._signature: inspect.Signature | None = inspect.signature(func)
@@ -165,7 +182,8 @@ class Task(Generic[P, R]):
         return f"<Task {self.name!r} on queue {self.queue!r}{extra}>"
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        """Run the function now, in this process (no job is stored)."""
+        """Run the function now, in this process (no job is stored); for an
+        async task, this returns the coroutine to await."""
         return self.func(*args, **kwargs)
 
     @property
@@ -286,9 +304,22 @@ class Task(Generic[P, R]):
         StoreClosedError, EngineError
             As :meth:`Queue.enqueue`.
         """
-        return self.app.queue(self.queue).enqueue(
-            self.payload(*args, **kwargs), **self._enqueue_opts
-        )
+        payload = self.payload(*args, **kwargs)
+        return self.app.queue(self.queue).enqueue(payload, **self._enqueue_opts)
+
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> int:
+        """:meth:`enqueue` for async code, through the app's async store
+        (:meth:`App.aqueue`): the same checks, errors and result.
+
+        Raises
+        ------
+        ValidationError, StoreClosedError, EngineError
+            As :meth:`enqueue`; the arguments are checked before the async
+            store is opened.
+        """
+        payload = self.payload(*args, **kwargs)
+        queue = await self.app.aqueue(self.queue)
+        return await queue.enqueue(payload, **self._enqueue_opts)
 
     def enqueue_tx(self, conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> int:
         """Store the job inside the caller's open transaction on ``conn``
@@ -314,9 +345,26 @@ class Task(Generic[P, R]):
             never here) or are not strict JSON, or a ``conn`` outside a
             transaction; the caller's transaction is left as it was.
         """
-        return self.app.queue(self.queue).enqueue_tx(
-            conn, self.payload(*args, **kwargs), **self._enqueue_opts
-        )
+        payload = self.payload(*args, **kwargs)
+        return self.app.queue(self.queue).enqueue_tx(conn, payload, **self._enqueue_opts)
+
+    async def aenqueue_tx(self, conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> int:
+        """:meth:`enqueue_tx` for async code (:meth:`AsyncQueue.enqueue_tx`):
+        the same checks, errors and result.
+
+        Parameters
+        ----------
+        conn
+            The connection :meth:`AsyncQueue.enqueue_tx` takes, with a
+            transaction open: an engine with native async primitives takes
+            its async driver's connection; through the thread adapter, the
+            sync engine's own (``sqlite3.Connection`` opened with
+            ``check_same_thread=False``, ``psycopg.Connection``;
+            docs/async.md).
+        """
+        payload = self.payload(*args, **kwargs)
+        queue = await self.app.aqueue(self.queue)
+        return await queue.enqueue_tx(conn, payload, **self._enqueue_opts)
 
     def enqueue_many(self, calls: Iterable[Sequence[Any]]) -> list[int]:
         """Store one job per item of ``calls``, each item the positional
@@ -336,6 +384,24 @@ class Task(Generic[P, R]):
             signature, or holds an argument that is not strict JSON; nothing
             is stored.
         """
+        payloads = self._payloads(calls)
+        return self.app.queue(self.queue).enqueue_many(payloads, **self._enqueue_opts)
+
+    async def aenqueue_many(self, calls: Iterable[Sequence[Any]]) -> list[int]:
+        """:meth:`enqueue_many` for async code: the same checks, errors and
+        result, all or nothing.
+
+        Raises
+        ------
+        ValidationError, StoreClosedError, EngineError
+            As :meth:`enqueue_many`.
+        """
+        payloads = self._payloads(calls)
+        queue = await self.app.aqueue(self.queue)
+        return await queue.enqueue_many(payloads, **self._enqueue_opts)
+
+    def _payloads(self, calls: Iterable[Sequence[Any]]) -> list[dict[str, Any]]:
+        """The payloads of :meth:`enqueue_many`'s ``calls``, each checked."""
         if not v.is_collection(calls):
             raise ValidationError(
                 f"calls must be an iterable of argument lists, not {type(calls).__name__}"
@@ -349,4 +415,4 @@ class Task(Generic[P, R]):
                 )
             self.check_call(call, {})
             payloads.append(task_payload(self.name, call, {}))
-        return self.app.queue(self.queue).enqueue_many(payloads, **self._enqueue_opts)
+        return payloads

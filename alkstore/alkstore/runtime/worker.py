@@ -4,23 +4,39 @@ Built only on the public contract (``Store.listen``, ``Queue.claim_batch``,
 ``Queue.sweep_expired``, ``JobHandle.ack/retry/fail/heartbeat``), so it runs on
 any engine that passes the contract suite.
 
-One run is four kinds of threads:
+One run is these threads, and for async tasks one event loop:
 
-- the caller's thread runs the claim loop: it claims up to its free slots with
-  ``claim_batch``, then waits for a wake, a free slot or the re-poll interval;
+- the claim loop's thread (the caller's for :meth:`Worker.run`, one of the
+  worker's own for :meth:`Worker.run_async`): it claims up to its free slots
+  with ``claim_batch``, then waits for a wake, a free slot or the re-poll
+  interval;
 - one listener thread per queue turns ``Subscription.wait`` wakes into a flag
   the loop waits on (a subscription waits on one queue; the loop on all);
-- ``concurrency`` daemon threads run the handlers and record each retry or
-  failure; a job whose handler returned is handed to the completer;
+- up to ``concurrency`` daemon threads, started as needed, run the sync
+  handlers and record each retry or failure; a job whose handler returned is
+  handed to the completer;
+- async handlers run as coroutines on an event loop: a loop of the worker's
+  own on a thread of its own (:mod:`alkstore.runtime.loop`, started at the
+  first async job) for ``run()``, the caller's running loop for
+  ``run_async()``. The claim loop hands each claimed batch of them to the
+  event loop in one ``call_soon_threadsafe``; the loop only runs the
+  handlers, and hands each finished one to one outcome thread, which records
+  its outcome exactly as a handler thread does (nothing that blocks runs on
+  the event loop);
 - one completer thread acks finished jobs in batches, one ``ack_many`` per
   queue per flush, and logs and counts their outcomes
   (:mod:`alkstore.runtime.completer`, decision W14);
 - one heartbeat thread keeps the claims of running jobs, and of finished jobs
   waiting for their ack, alive (:mod:`alkstore.runtime.heartbeat`).
+
+A job takes one of the ``concurrency`` slots whatever its kind, from its
+claim until its outcome is recorded: a sync one also a thread, an async one
+no thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
@@ -30,14 +46,15 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from alkstore.contract.handle import MAX_ATTEMPTS_EXCEEDED, JobHandle
 from alkstore.errors import EngineError, StoreClosedError, ValidationError
 from alkstore.logic import validation as v
-from alkstore.logic.callbacks import NotRunError, check_ran
+from alkstore.logic.callbacks import NotRunError, call_async, call_sync, handler_kind
+from alkstore.runtime._acompat import coroutines_on
 from alkstore.runtime.completer import Completer
 from alkstore.runtime.heartbeat import Heartbeater
 from alkstore.runtime.lease import Lease, gone_while_held, write_while_held
@@ -47,12 +64,16 @@ from alkstore.runtime.pool import DaemonPool
 from alkstore.runtime.scheduler import DEFAULT_TICK_INTERVAL_S, Scheduler
 from alkstore.runtime.signals import EXIT_AFTER_S, stop_signals
 from alkstore.runtime.sweeper import DEFAULT_SWEEP_INTERVAL_S, Sweeper
-from alkstore.runtime.task import Task, parse_task_payload
+from alkstore.runtime.task import Task, TaskCall, parse_task_payload
 
 if TYPE_CHECKING:
+    import asyncio
+    from concurrent.futures import Future
+
     from alkstore.contract.queue import Queue
     from alkstore.contract.subscription import Subscription
     from alkstore.runtime.app import App
+    from alkstore.runtime.loop import LoopThread
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD_S",
@@ -92,6 +113,13 @@ _ACK_ABORT_TIMEOUT_S = 1.0
 #: A ``--burst`` worker whose claims failed this many rounds in a row (one
 #: round every :data:`_ERROR_PAUSE_S`) stops with the last error.
 _BURST_FAILED_ROUNDS = 3
+#: After the grace period, coroutines still running are cancelled and get
+#: this long to end before the worker moves on.
+_CANCEL_WAIT_S = 1.0
+#: How long ``run()`` waits for its own event loop's thread to end.
+_LOOP_STOP_TIMEOUT_S = 5.0
+#: Async jobs started per step of the event loop.
+_BEGIN_STEP = 64
 
 #: How a job ended, as logged and counted.
 Outcome = Literal["succeeded", "retried", "dead", "lost", "cancelled"]
@@ -103,6 +131,24 @@ class _Finished(NamedTuple):
     handle: JobHandle
     task_name: str
     duration_s: float
+    lease: Lease
+
+
+class _Resolved(NamedTuple):
+    """What a job's payload names: its task and call, or why it has none
+    (``error``: a malformed payload or an unknown task, dead at once)."""
+
+    task_name: str
+    task: Task[Any, Any] | None
+    call: TaskCall | None
+    error: str | None
+
+
+class _Coroutine(NamedTuple):
+    """A claimed job of an async task, on its way to the event loop."""
+
+    token: int
+    handle: JobHandle
     lease: Lease
 
 
@@ -169,15 +215,20 @@ class Worker:
 
     Make one with :meth:`App.worker`. :meth:`run` blocks until :meth:`stop`
     (from any thread) or SIGTERM/SIGINT; ``run(burst=True)`` returns once no
-    job is ready and none is running, as RQ's burst mode does.
+    job is ready and none is running, as RQ's burst mode does. In async
+    code, ``await`` :meth:`run_async` runs the same worker inside the
+    running event loop (a web server's lifespan).
 
     While running, the worker claims with ``claim_batch`` up to its free
     slots, queue by queue in the order given (earlier queues first, as RQ
     orders them); when nothing is ready it waits for a wake from
     ``Store.listen`` and re-polls every ``poll_interval_s`` regardless. Each
-    job runs on a thread of the pool and is heartbeaten every third of its
-    visibility timeout. Its outcome (docs/contract.md §3 "Claim identity and handle
-    validity"):
+    job of a sync task runs on a thread of the pool; each job of an async
+    task (``async def``) runs as a coroutine on the worker's event loop
+    (:meth:`run`: a loop of the worker's own; :meth:`run_async`: the
+    caller's). Every job is heartbeaten every third of its visibility
+    timeout, and its outcome recorded off the event loop, by the same rules
+    (docs/contract.md §3 "Claim identity and handle validity"):
 
     - the handler returns: acked by the completer thread, in a batch with
       the other jobs that finished within a few milliseconds (one
@@ -198,12 +249,14 @@ class Worker:
     ``outcome``.
 
     Stopping (:meth:`stop`, or the first SIGTERM/SIGINT when :meth:`run` is
-    called from the main thread): claim nothing more, let running jobs finish
-    within ``grace_period_s``, ack the finished jobs still waiting for their
-    batch, then return. A second signal ends the grace
+    called from the main thread, or cancelling the task awaiting
+    :meth:`run_async`): claim nothing more, let running jobs finish within
+    ``grace_period_s``, ack the finished jobs still waiting for their
+    batch, then return. A second signal (or cancellation) ends the grace
     period at once. Jobs still running then stop being heartbeaten: their
     claims lapse and another worker reclaims them, so nothing is lost
-    (at-least-once).
+    (at-least-once). Their coroutines are cancelled; their threads, which
+    cannot be interrupted, run on.
 
     Parameters
     ----------
@@ -213,7 +266,9 @@ class Worker:
         Queue names in priority order (a single ``str`` is one queue);
         ``None`` for every queue of the app's tasks.
     concurrency
-        How many jobs run at once, each on its own thread; ``1 .. 1024``.
+        How many jobs run at once, ``1 .. 1024``: each sync task's job on a
+        thread of its own, each async task's job as a coroutine, which takes
+        a slot but no thread.
     poll_interval_s
         Seconds between claim attempts when no wake arrives, ``> 0``
         (default 1).
@@ -232,11 +287,15 @@ class Worker:
         ticks (run ``alkstore scheduler`` instead; docs/schedules.md).
     relays
         Whether to run the app's outbox relays (``App.relay``), each on its
-        own thread, until the worker stops (docs/outbox.md).
+        own thread, until the worker stops (docs/outbox.md); an async
+        ``send`` is awaited on the worker's event loop.
     worker_id
         Recorded on claimed rows; default ``host:pid:random``.
     handle_signals
-        ``False`` never installs SIGTERM/SIGINT handlers.
+        Whether to install SIGTERM/SIGINT handlers while running (only
+        ever from the main thread). ``None`` (default): :meth:`run` does,
+        :meth:`run_async` does not (the application, or its server, owns
+        the process's signals there). ``True``: both do; ``False``: neither.
 
     Raises
     ------
@@ -257,7 +316,7 @@ class Worker:
         tick_interval_s: float | None = DEFAULT_TICK_INTERVAL_S,
         relays: bool = True,
         worker_id: str | None = None,
-        handle_signals: bool = True,
+        handle_signals: bool | None = None,
     ) -> None:
         if queues is None:
             names = app.queue_names
@@ -296,8 +355,8 @@ class Worker:
             raise ValidationError("relays must be a bool")
         self._relays = relays
         self._worker_id = v.worker_id(_default_worker_id() if worker_id is None else worker_id)
-        if not isinstance(handle_signals, bool):
-            raise ValidationError("handle_signals must be a bool")
+        if handle_signals is not None and not isinstance(handle_signals, bool):
+            raise ValidationError("handle_signals must be a bool or None")
         self._handle_signals = handle_signals
         self._relay_stop = threading.Event()
         # Set by the second signal: writes on held jobs stop being retried.
@@ -320,6 +379,20 @@ class Worker:
             f"alkstore-heartbeat-{self._worker_id}", on_permanent=self._give_up
         )
         self._queues_by_name: dict[str, Queue] = {}
+        # Async tasks: whether the app has any (re-read with its tasks), the
+        # event loop their coroutines run on (None until the first needs it,
+        # or run_async's), the loop thread run() owns, and the one thread
+        # that records their outcomes off the loop.
+        self._has_async = False
+        self._event_loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: LoopThread | None = None
+        self._outcomes = DaemonPool(1, f"alkstore-outcomes-{self._worker_id}")
+        self._outcomes_started = False
+        self._loop_lock = threading.Lock()  # starts the loop and the outcome thread once
+        # On the event loop only: each running coroutine's task by its token,
+        # and the tokens the worker cancelled (left to lapse, not recorded).
+        self._coroutines: dict[int, asyncio.Task[None]] = {}
+        self._abandoned: set[int] = set()
         self._completer: Completer[_Finished] = Completer(
             self._flush_acks,
             f"alkstore-completer-{self._worker_id}",
@@ -407,6 +480,17 @@ class Worker:
             )
         return aborting
 
+    def _end_grace(self, reason: str) -> None:
+        """End the grace period now (after a stop): running jobs are left to
+        lapse, as after a second signal."""
+        with self._cond:
+            self._stopping = True
+            self._aborting = True
+            self._abort.set()
+            self._cond.notify_all()
+        self._relay_stop.set()
+        log.warning("%s: worker %s leaves its running jobs to lapse", reason, self._worker_id)
+
     def _give_up(self, error: BaseException) -> None:
         """Stop because of ``error``, which retrying cannot mend (a permanent
         :class:`~alkstore.errors.EngineError`): claim nothing more, let
@@ -429,6 +513,11 @@ class Worker:
 
     def run(self, burst: bool = False) -> WorkerCounts:
         """Work until stopped (or, with ``burst``, until no job is ready).
+
+        The claim loop runs on this thread. Async tasks run on an event
+        loop of the worker's own, on a thread of its own, started at the
+        first async job (or relay with an async ``send``) and stopped before
+        this returns.
 
         Parameters
         ----------
@@ -458,13 +547,98 @@ class Worker:
         UnknownEngineError, SchemaVersionError, EngineError, ValidationError
             If the app's store cannot be opened.
         """
+        self._begin_run()
+        return self._run(burst, install_signals=self._handle_signals is not False)
+
+    async def run_async(self, burst: bool = False) -> WorkerCounts:
+        """:meth:`run` inside the running event loop, for async
+        applications (a FastAPI lifespan, docs/tasks-and-workers.md).
+
+        Async tasks run as coroutines on the caller's loop; everything else
+        (claims, heartbeats, acks and every outcome's write, sweeps,
+        schedule ticks, relays, sync tasks) runs on the worker's threads, so
+        the loop only runs handlers and is never blocked by the worker.
+        Signal handlers are installed only with ``handle_signals=True``.
+
+        Cancelling the task that awaits this stops the worker as
+        :meth:`stop` does (claim nothing more, running jobs get the grace
+        period, finished ones are acked), waits for that, then re-raises
+        the ``CancelledError``; a second cancellation meanwhile ends the
+        grace period at once, as a second signal does.
+
+        Parameters
+        ----------
+        burst
+            As :meth:`run`.
+
+        Returns
+        -------
+        WorkerCounts
+            How the jobs it ran ended.
+
+        Raises
+        ------
+        asyncio.CancelledError
+            After stopping, when the awaiting task was cancelled.
+        RuntimeError, StoreClosedError, EngineError, UnknownEngineError, SchemaVersionError
+            As :meth:`run`.
+        """
+        import asyncio
+        from concurrent.futures import Future
+
+        loop = asyncio.get_running_loop()
+        self._begin_run()
+        self._event_loop = loop
+        done: Future[WorkerCounts] = Future()
+
+        def control() -> None:
+            try:
+                done.set_result(self._run(burst, install_signals=False))
+            except BaseException as error:
+                done.set_exception(error)
+
+        cancelled: asyncio.CancelledError | None = None
+        # From the loop's thread (the main thread, usually): signal handlers
+        # can only be installed there.
+        with stop_signals(self._on_signal, install=self._handle_signals is True):
+            thread = threading.Thread(
+                target=control, name=f"alkstore-worker-{self._worker_id}", daemon=True
+            )
+            thread.start()
+            finished = asyncio.wrap_future(done)
+            while not finished.done():
+                try:
+                    # Shielded: the run stops as it should, not at the await.
+                    await asyncio.shield(finished)
+                except asyncio.CancelledError as error:
+                    if cancelled is not None and not finished.done():
+                        self._end_grace("a second cancellation")
+                    elif cancelled is None and not finished.done():
+                        log.info(
+                            "worker %s cancelled: stopping; running jobs have %.0f s to finish",
+                            self._worker_id,
+                            self._grace_period_s,
+                        )
+                        self.stop()
+                    cancelled = error
+                except BaseException:
+                    break  # the run raised: re-raised below (unless cancelled)
+        if cancelled is not None:
+            finished.exception()  # retrieved: the cancellation wins
+            raise cancelled
+        return finished.result()
+
+    def _begin_run(self) -> None:
         with self._cond:
             if self._started:
                 raise RuntimeError("a Worker runs once; make another with app.worker()")
             self._started = True
+
+    def _run(self, burst: bool, *, install_signals: bool) -> WorkerCounts:
+        """A run's whole life on this thread."""
         queues = [self._app.queue(name) for name in self._queue_names]
         self._queues_by_name = {queue.name: queue for queue in queues}
-        self._tasks = dict(self._app.tasks)
+        self._refresh_tasks()
         subscriptions: list[Subscription] = []
         try:
             for name in [] if burst else self._queue_names:
@@ -497,7 +671,12 @@ class Worker:
         self._heartbeater.start()
         self._completer.start()
         try:
-            with stop_signals(self._on_signal, install=self._handle_signals):
+            with stop_signals(self._on_signal, install=install_signals):
+                if relays and any(
+                    handler_kind(send, "a relay's send") == "async"
+                    for send in self._app.relays.values()
+                ):
+                    self._ensure_event_loop()
                 for thread in listeners + relays:
                     thread.daemon = True
                     thread.start()
@@ -516,6 +695,14 @@ class Worker:
                 thread.join(_LISTEN_SLICE_S * 4)
             for sub in subscriptions:
                 sub.close()
+            self._outcomes.shutdown()
+            if self._loop_thread is not None and not self._loop_thread.stop(_LOOP_STOP_TIMEOUT_S):
+                log.warning(
+                    "the event loop of worker %s did not stop within %g s (a coroutine "
+                    "blocks it); it is left running on its daemon thread",
+                    self._worker_id,
+                    _LOOP_STOP_TIMEOUT_S,
+                )
         counts = self.counts
         log.info(
             "worker %s stopped: %d succeeded, %d retried, %d dead, %d lost, %d cancelled%s",
@@ -633,20 +820,24 @@ class Worker:
                     break
                 log.exception("claiming from queue %r failed; retrying", queue.name)
                 continue
-            for handle in handles:
-                self._start(handle, pool, started)
+            coroutines = [job for handle in handles if (job := self._start(handle, pool, started))]
+            if coroutines:
+                self._dispatch(coroutines)
             claimed += len(handles)
         return claimed, failed
 
     def _relay(self, name: str, send: Send) -> None:
-        """Run one outbox relay until the worker stops (docs/outbox.md)."""
+        """Run one outbox relay until the worker stops (docs/outbox.md); an
+        async ``send`` is awaited on the worker's event loop."""
+        loop = self._event_loop
         try:
-            delivered = self._app.outbox(name).relay(
-                send,
-                worker_id=self._worker_id,
-                stop=self._relay_stop,
-                poll_interval_s=self._poll_interval_s,
-            )
+            with coroutines_on(loop) if loop is not None else contextlib.nullcontext():
+                delivered = self._app.outbox(name).relay(
+                    send,
+                    worker_id=self._worker_id,
+                    stop=self._relay_stop,
+                    poll_interval_s=self._poll_interval_s,
+                )
         except StoreClosedError:
             pass
         except Exception as exc:
@@ -706,6 +897,7 @@ class Worker:
                 len(left),
                 ", ".join(map(str, left)),
             )
+            self._cancel_coroutines()
 
     def _close_completer(self) -> None:
         """Flush the acks still held back; the heartbeats keep their claims
@@ -732,7 +924,10 @@ class Worker:
     # is left claimed and unheartbeaten: its claim lapses and it is
     # reclaimed (``lost``), as for a worker that died.
 
-    def _start(self, handle: JobHandle, pool: DaemonPool, claimed: float) -> None:
+    def _start(self, handle: JobHandle, pool: DaemonPool, claimed: float) -> _Coroutine | None:
+        """Start a claimed job: a sync task's on a pool thread; an async
+        task's is returned, for the claim round to hand its batch to the
+        event loop at once (:meth:`_dispatch`)."""
         token = next(self._tokens)
         with self._cond:
             self._running[token] = handle
@@ -740,6 +935,8 @@ class Worker:
         try:
             lease = self._heartbeater.add(handle, claimed)
             started_lease = lease
+            if self._has_async and self._is_async_job(handle):
+                return _Coroutine(token, handle, started_lease)
             pool.submit(lambda: self._execute(token, handle, started_lease))
         except Exception:
             log.exception(
@@ -748,10 +945,12 @@ class Worker:
             if lease is not None:
                 self._heartbeater.remove(lease)
             self._finish(token, "lost")
+        return None
 
     def _finish(self, token: int, outcome: Outcome | None) -> None:
         """Free a job's slot and count its outcome (``None``: handed to the
-        completer, which counts it once its ack is known)."""
+        completer, which counts it once its ack is known, or left to lapse
+        uncounted)."""
         with self._cond:
             self._running.pop(token, None)
             if outcome is not None:
@@ -760,9 +959,21 @@ class Worker:
             self._cond.notify_all()
 
     def _execute(self, token: int, handle: JobHandle, lease: Lease) -> None:
+        """A sync task's job, on a pool thread: run it, record its outcome."""
+        self._settle(token, handle, lease, lambda: self._run_job(handle, lease))
+
+    def _settle(
+        self,
+        token: int,
+        handle: JobHandle,
+        lease: Lease,
+        record: Callable[[], Outcome | None],
+    ) -> None:
+        """Call ``record`` (which records the job's outcome and returns it),
+        then free the job's slot and count the outcome, whatever happens."""
         outcome: Outcome | None = "lost"
         try:
-            outcome = self._run_job(handle, lease)
+            outcome = record()
         except BaseException:
             log.exception(
                 "running job %s of %r failed inside the worker; its claim is left to lapse",
@@ -774,49 +985,246 @@ class Worker:
                 self._heartbeater.remove(lease)
             self._finish(token, outcome)
 
+    def _refresh_tasks(self) -> None:
+        tasks = dict(self._app.tasks)
+        self._tasks = tasks
+        self._has_async = any(task.is_async for task in tasks.values())
+
+    def _is_async_job(self, handle: JobHandle) -> bool:
+        """Whether the job's payload names an async task of the app."""
+        payload = handle.payload
+        name = payload.get("task") if isinstance(payload, dict) else None
+        task = self._tasks.get(name) if isinstance(name, str) else None
+        return task is not None and task.is_async
+
+    def _resolve(self, handle: JobHandle) -> _Resolved:
+        """The task and call a job's payload names, or why it has none
+        (W6: dead at once, since no retry can fix it)."""
+        try:
+            call = parse_task_payload(handle.payload)
+        except ValueError as exc:
+            named = handle.payload.get("task") if isinstance(handle.payload, dict) else None
+            # The arguments were malformed, not the name: logged under it.
+            return _Resolved(named if isinstance(named, str) else "?", None, None, str(exc))
+        task = self._tasks.get(call.name)
+        if task is None:  # registered after the run started?
+            self._refresh_tasks()
+            task = self._tasks.get(call.name)
+        if task is None:
+            known = ", ".join(sorted(self._tasks)) or "none"
+            return _Resolved(
+                call.name,
+                None,
+                None,
+                f"unknown task {call.name!r}: this worker's app has no task of that name "
+                f"(its tasks: {known})",
+            )
+        return _Resolved(call.name, task, call, None)
+
     def _run_job(self, handle: JobHandle, lease: Lease) -> Outcome | None:
-        """Run one job's handler and record its outcome; return it, or
+        """Run a sync task's handler and record its outcome; return it, or
         ``None`` when the job succeeded and was handed to the completer."""
         started = time.monotonic()
-        task_name = "?"
+        resolved = self._resolve(handle)
+        raised: BaseException | None = None
+        task, call = resolved.task, resolved.call
+        if task is not None and call is not None:
+            try:
+                if task.is_async:  # registered after the claim round looked: awaited from here
+                    self._await_here(call_async(task.func, "task", call.args, call.kwargs))
+                else:
+                    call_sync(task.func, "task", call.args, call.kwargs)
+            except BaseException as exc:
+                raised = exc
+        return self._conclude(handle, lease, resolved, raised, time.monotonic() - started)
+
+    # -- async tasks (docs/tasks-and-workers.md "Async tasks") -----------------
+    #
+    # The claim thread hands each round's batch of async jobs to the event
+    # loop with one call_soon_threadsafe; the loop runs each handler as a
+    # task and hands what it did (returned, or the exception it raised) to
+    # the outcome thread, which records it with _conclude exactly as a
+    # handler thread does. The loop never takes the worker's locks, writes
+    # to the store or logs an outcome.
+
+    def _ensure_event_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop coroutines run on: run_async's, else one of the
+        worker's own, started now (on a thread other than the loop's)."""
+        loop = self._event_loop
+        if loop is not None and self._outcomes_started:
+            return loop
+        with self._loop_lock:
+            if self._event_loop is None:
+                from alkstore.runtime.loop import LoopThread
+
+                self._loop_thread = LoopThread(f"alkstore-loop-{self._worker_id}")
+                self._event_loop = self._loop_thread.start()
+            if not self._outcomes_started:
+                # Its thread starts here, not on the loop at the first outcome.
+                self._outcomes.submit(_nothing)
+                self._outcomes_started = True
+            return self._event_loop
+
+    def _dispatch(self, jobs: list[_Coroutine]) -> None:
+        """Hand claimed async jobs to the event loop: one thread hop."""
+        try:
+            loop = self._ensure_event_loop()
+            loop.call_soon_threadsafe(self._begin, jobs)
+        except Exception:
+            log.exception(
+                "could not hand %d async job(s) to the event loop; their claims are left to lapse",
+                len(jobs),
+            )
+            for job in jobs:
+                self._heartbeater.remove(job.lease)
+                self._finish(job.token, "lost")
+
+    def _await_here(self, coroutine: Coroutine[Any, Any, object]) -> None:
+        """Run ``coroutine`` on the event loop and wait for it on this thread."""
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(coroutine, self._ensure_event_loop()).result()
+
+    def _begin(self, jobs: list[_Coroutine]) -> None:
+        """On the event loop: start each job's coroutine as a task, a few
+        per step of the loop, so that a large batch never holds the loop
+        (the application's, under ``run_async``) for long."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        if len(jobs) > _BEGIN_STEP:
+            loop.call_soon(self._begin, jobs[_BEGIN_STEP:])
+            jobs = jobs[:_BEGIN_STEP]
+        for job in jobs:
+            try:
+                task = loop.create_task(
+                    self._run_coroutine(job), name=f"alkstore-job-{job.handle.id}"
+                )
+            except BaseException as exc:  # the loop is closing: counted lost, left to lapse
+                self._hand_off(self._failed(job, exc))
+                continue
+            self._coroutines[job.token] = task
+
+    async def _run_coroutine(self, job: _Coroutine) -> None:
+        """On the event loop: run an async task's handler; hand what it did
+        to the outcome thread."""
+        import asyncio
+
+        started = time.monotonic()
+        raised: BaseException | None = None
+        try:
+            resolved = self._resolve(job.handle)
+        except BaseException as exc:  # a bug here, not the handler's doing
+            self._coroutines.pop(job.token, None)
+            self._hand_off(self._failed(job, exc))
+            return
+        try:
+            if resolved.task is not None and resolved.call is not None:
+                await call_async(
+                    resolved.task.func, "task", resolved.call.args, resolved.call.kwargs
+                )
+        except asyncio.CancelledError as exc:
+            if job.token not in self._abandoned:  # not the worker's: an exception like any
+                raised = exc
+        except BaseException as exc:
+            raised = exc
+        duration_s = time.monotonic() - started
+        self._coroutines.pop(job.token, None)
+        if job.token in self._abandoned:
+            # Cancelled at the end of the grace period: neither acked nor
+            # retried, whatever it did then; its claim lapses (as a thread's).
+            self._abandoned.discard(job.token)
+            self._hand_off(lambda: self._abandon(job))
+            return
+        self._hand_off(
+            lambda: self._settle(
+                job.token,
+                job.handle,
+                job.lease,
+                lambda: self._conclude(job.handle, job.lease, resolved, raised, duration_s),
+            )
+        )
+
+    def _failed(self, job: _Coroutine, error: BaseException) -> Callable[[], None]:
+        """The outcome thread's work for a job the worker itself failed to
+        run (W13): logged, counted ``lost``, its claim left to lapse."""
+
+        def fail() -> Outcome | None:
+            raise error
+
+        return lambda: self._settle(job.token, job.handle, job.lease, fail)
+
+    def _hand_off(self, record: Callable[[], object]) -> None:
+        """From the event loop to the outcome thread (a queue put: no wait)."""
+        with contextlib.suppress(RuntimeError):  # the run is over: the claim lapses
+            self._outcomes.submit(record)
+
+    def _abandon(self, job: _Coroutine) -> None:
+        """A cancelled coroutine's job: no longer heartbeaten, left to lapse."""
+        self._heartbeater.remove(job.lease)
+        self._finish(job.token, None)
+
+    def _cancel_coroutines(self) -> None:
+        """After the grace period: cancel the coroutines still running (their
+        jobs are left to lapse) and wait up to :data:`_CANCEL_WAIT_S` for
+        them to end."""
+        loop = self._event_loop
+        if loop is None:
+            return
+        import asyncio
+
+        try:
+            future: Future[int] = asyncio.run_coroutine_threadsafe(self._cancel_all(), loop)
+            cancelled = future.result(_CANCEL_WAIT_S)
+        except Exception:
+            log.warning("could not cancel the coroutines still running", exc_info=True)
+            return
+        if cancelled:
+            log.warning(
+                "worker %s cancelled %d coroutine(s) still running; their jobs are left to lapse",
+                self._worker_id,
+                cancelled,
+            )
+
+    async def _cancel_all(self) -> int:
+        """On the event loop: cancel every job coroutine; wait (bounded) for
+        them to end; return how many were cancelled."""
+        import asyncio
+
+        tasks = dict(self._coroutines)
+        for token, task in tasks.items():
+            self._abandoned.add(token)
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks.values(), timeout=_CANCEL_WAIT_S * 0.8)
+        return len(tasks)
+
+    def _conclude(
+        self,
+        handle: JobHandle,
+        lease: Lease,
+        resolved: _Resolved,
+        raised: BaseException | None,
+        duration_s: float,
+    ) -> Outcome | None:
+        """Record a job's outcome (off the event loop): hand a success to
+        the completer, write a retry or a failure; return the outcome, or
+        ``None`` when the completer has it."""
+        task_name = resolved.task_name
         action: Literal["ack", "retry", "fail"] = "ack"
         error: str | None = None
         delay_s: float | None = None
         exc_info: BaseException | None = None
-        try:
-            call = parse_task_payload(handle.payload)
-        except ValueError as exc:  # no retry can fix the payload itself
-            action, error = "fail", str(exc)
-            named = handle.payload.get("task") if isinstance(handle.payload, dict) else None
-            if isinstance(named, str):  # the arguments were malformed, not the name
-                task_name = named
-        else:
-            task_name = call.name
-            task = self._tasks.get(call.name)
-            if task is None:  # registered after the run started?
-                self._tasks = dict(self._app.tasks)
-                task = self._tasks.get(call.name)
-            if task is None:
-                known = ", ".join(sorted(self._tasks)) or "none"
-                action, error = (
-                    "fail",
-                    (
-                        f"unknown task {call.name!r}: this worker's app has no task of "
-                        f"that name (its tasks: {known})"
-                    ),
-                )
-            else:
-                try:
-                    check_ran(task.func(*call.args, **call.kwargs), task.func, "task")
-                except NotRunError as exc:  # its body never ran: no retry runs it (case 012)
-                    action, error = "fail", str(exc)
-                except Fail as exc:
-                    action, error = "fail", exc.message
-                except Retry as exc:
-                    action, error, delay_s = "retry", exc.message, exc.delay_s
-                except BaseException as exc:
-                    action, error, exc_info = "retry", describe_exception(exc), exc
-        duration_s = time.monotonic() - started
+        if resolved.error is not None:
+            action, error = "fail", resolved.error
+        elif isinstance(raised, NotRunError):  # its body never ran: no retry runs it (case 012)
+            action, error = "fail", str(raised)
+        elif isinstance(raised, Fail):
+            action, error = "fail", raised.message
+        elif isinstance(raised, Retry):
+            action, error, delay_s = "retry", raised.message, raised.delay_s
+        elif raised is not None:
+            action, error, exc_info = "retry", describe_exception(raised), raised
         if action == "ack" and self._completer.add(_Finished(handle, task_name, duration_s, lease)):
             return None  # still heartbeaten until the completer's flush
         # Heartbeaten until the outcome is written, which a passing fault
@@ -1068,6 +1476,10 @@ class Worker:
             if action == "retry":
                 first_line = f"{MAX_ATTEMPTS_EXCEEDED}; last error: {first_line}"
             log.error("%s; %s", where, first_line or "failed", extra=extra, exc_info=exc_info)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _permanent(error: BaseException) -> bool:

@@ -9,6 +9,7 @@ hand-listed test areas.
 
 from __future__ import annotations
 
+from alkstore_contract_tests.suite.async_runtime import AsyncRuntimeTests
 from alkstore_contract_tests.suite.async_surface import (
     AsyncConcurrencyTests,
     AsyncLoopTests,
@@ -16,6 +17,7 @@ from alkstore_contract_tests.suite.async_surface import (
     AsyncSurfaceTests,
     AsyncTransactionalTests,
 )
+from alkstore_contract_tests.suite.async_worker import AsyncWorkerTests
 from alkstore_contract_tests.suite.cases import HandedCaseTests
 from alkstore_contract_tests.suite.claim import ClaimTests, HandleValidityTests
 from alkstore_contract_tests.suite.concurrency import (
@@ -65,9 +67,11 @@ __all__ = [
     "AckManyTests",
     "AsyncConcurrencyTests",
     "AsyncLoopTests",
+    "AsyncRuntimeTests",
     "AsyncStatefulTests",
     "AsyncSurfaceTests",
     "AsyncTransactionalTests",
+    "AsyncWorkerTests",
     "AtomicMoveTests",
     "CancelTests",
     "ClaimTests",
@@ -147,11 +151,13 @@ class ContractSuite(
     SchedulerConcurrencyTests,
     StatefulTests,
     WorkerTests,
+    AsyncWorkerTests,
     AsyncSurfaceTests,
     AsyncLoopTests,
     AsyncConcurrencyTests,
     AsyncTransactionalTests,
     AsyncStatefulTests,
+    AsyncRuntimeTests,
 ):
     """The whole alkstore contract (docs/contract.md §2, §3, the regression cases, and
     the operations, schedules and outbox of docs/operations.md,

@@ -4,6 +4,7 @@ queue's backoff."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
 from collections.abc import Iterator
@@ -214,10 +215,11 @@ class OutboxTests(ContractFixtures):
     def test_case_012_a_send_whose_call_does_not_run_its_body_delivers_nothing(
         self, outbox: Outbox
     ) -> None:
-        """Case 012: an ``async def`` ``send`` is refused by ``relay_once``,
-        ``relay`` and ``App.relay`` before anything is claimed; a plain one
-        that returns a coroutine anyway has not delivered: the message is
-        retried with that reason, not acked."""
+        """Case 012: a generator or async generator ``send`` is refused by
+        ``relay_once``, ``relay`` and ``App.relay`` before anything is
+        claimed; a plain one that returns a coroutine has not delivered: the
+        message is retried with that reason, not acked. (An ``async def``
+        ``send`` is awaited: ``test_an_async_send_is_acked_only_after_it_returned``.)"""
         q = outbox.queue
         job_id = q.enqueue("m")
         attempts: list[Any] = []
@@ -226,12 +228,22 @@ class OutboxTests(ContractFixtures):
             attempts.append(message)
             raise ConnectionError("down")
 
-        with pytest.raises(ValidationError, match=r"send must be a plain function: .*send"):
-            outbox.relay_once(send, worker_id="relay")
-        with pytest.raises(ValidationError, match="send must be a plain function"):
-            outbox.relay(send, worker_id="relay", stop=threading.Event())
-        with pytest.raises(ValidationError, match="a relay's send must be a plain function"):
-            alkstore.App(store=q.store).relay("outbox.other")(send)
+        def produce(message: Any) -> Any:
+            attempts.append(message)
+            yield message
+
+        async def stream(message: Any) -> Any:
+            attempts.append(message)
+            yield message
+
+        for refused, kind in ((produce, "a generator"), (stream, "an async generator")):
+            refusal = rf"send must be a plain function or a coroutine function .* is {kind}"
+            with pytest.raises(ValidationError, match=refusal):
+                outbox.relay_once(refused, worker_id="relay")
+            with pytest.raises(ValidationError, match=refusal):
+                outbox.relay(refused, worker_id="relay", stop=threading.Event())
+            with pytest.raises(ValidationError, match="a relay's send must be a plain function or"):
+                alkstore.App(store=q.store).relay("outbox.other")(refused)
         assert (job(q, job_id).state, job(q, job_id).attempts) == ("pending", 0)
 
         def wrapper(message: Any) -> Any:
@@ -243,6 +255,46 @@ class OutboxTests(ContractFixtures):
         assert (retried.state, retried.attempts) == ("pending", 1)
         assert retried.last_error is not None
         assert "returned a coroutine instead of running" in retried.last_error
+
+    def test_an_async_send_is_acked_only_after_it_returned(
+        self, outbox: Outbox, clock: ManualClock
+    ) -> None:
+        """Case 012's other side: an ``async def`` ``send`` (or an object
+        whose ``__call__`` is one), relayed from sync code, is awaited on a
+        loop the relay owns; its message is still claimed while the
+        coroutine runs, acked once it returned, and retried when it raised
+        (docs/outbox.md)."""
+        q = outbox.queue
+        ok, down = q.enqueue_many(["ok", "down"])
+        seen: list[tuple[Any, str | None]] = []
+
+        async def send(message: Any) -> None:
+            await asyncio.sleep(0)  # the coroutine runs, and yields, on a loop
+            held = job(q, ok)
+            seen.append((message, held.state))
+            if message == "down":
+                raise ConnectionError("down")
+
+        assert outbox.relay_once(send, worker_id="relay") == 1
+        assert seen == [("ok", "processing"), ("down", "processing")]
+        assert q.get_job(ok) is None
+        retried = job(q, down)
+        assert (retried.state, retried.attempts) == ("pending", 1)
+        assert _first_line(retried.last_error) == "ConnectionError: down"
+
+        class Sender:
+            def __init__(self) -> None:
+                self.sent: list[Any] = []
+
+            async def __call__(self, message: Any) -> None:
+                await asyncio.sleep(0)
+                self.sent.append(message)
+
+        sender = Sender()
+        clock.advance(4)
+        assert outbox.relay_once(sender, worker_id="relay") == 1
+        assert sender.sent == ["down"]
+        assert q.stats() == (0, 0, 0, 0)
 
     def test_relay_once_on_a_paused_queue_sends_nothing(self, outbox: Outbox) -> None:
         q = outbox.queue

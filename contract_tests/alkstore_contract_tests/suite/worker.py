@@ -43,7 +43,14 @@ from alkstore_contract_tests._worker_app import (
 )
 from alkstore_contract_tests.harness import EngineHarness, StoreTarget
 
-__all__ = ["WorkerTests"]
+__all__ = [
+    "WAIT_S",
+    "AppFactory",
+    "RunningWorker",
+    "WorkerFixtures",
+    "WorkerTests",
+    "wait_until",
+]
 
 #: The longest any bounded wait of this suite lasts, seconds.
 WAIT_S = 60.0
@@ -136,14 +143,13 @@ def _run_burst(*workers: Worker) -> list[WorkerCounts]:
     return [r.join() for r in running]
 
 
-class WorkerTests(EngineHarness):
-    """The worker runtime on this engine (docs/tasks-and-workers.md).
-
-    Fixtures (function-scoped; named ``worker_*`` so that they never clash
-    with the contract suite's own): ``worker_clock`` (a :class:`ManualClock`
-    at ``T0``), ``worker_apps`` (apps over fresh stores on the target, the
-    tasks of :mod:`._worker_app` registered), ``worker_log_dir`` (where task
-    executions are recorded) and ``worker_spawn`` (child worker processes).
+class WorkerFixtures(EngineHarness):
+    """The fixtures of the worker tests (function-scoped; named ``worker_*``
+    so that they never clash with the contract suite's own):
+    ``worker_clock`` (a :class:`ManualClock` at ``T0``), ``worker_apps``
+    (apps over fresh stores on the target, the tasks of :mod:`._worker_app`
+    registered), ``worker_log_dir`` (where task executions are recorded) and
+    ``worker_spawn`` (child worker processes).
     """
 
     @pytest.fixture
@@ -217,6 +223,11 @@ class WorkerTests(EngineHarness):
             if child.process.is_alive():
                 child.process.kill()
             child.process.join(WAIT_S)
+
+
+class WorkerTests(WorkerFixtures):
+    """The worker runtime on this engine (docs/tasks-and-workers.md), with
+    sync tasks; async tasks are :class:`~.async_worker.AsyncWorkerTests`'."""
 
     # -- outcomes (injected clock) -------------------------------------------
 
@@ -341,12 +352,13 @@ class WorkerTests(EngineHarness):
     def test_case_012_a_task_whose_call_does_not_run_its_body_is_never_acked(
         self, worker_apps: AppFactory, worker_clock: ManualClock
     ) -> None:
-        """Case 012: an ``async def`` task, an async generator and a
-        generator function are refused where they are registered, naming
-        them; a plain function that returns an awaitable or a generator
-        anyway (a plain def around an ``async def``) has not run its body: its
-        job is dead-lettered with that reason, never acked, and the body
-        never runs."""
+        """Case 012: an async generator and a generator function are refused
+        where they are registered, naming them; a plain function that
+        returns an awaitable or a generator (a plain def around an ``async
+        def``) has not run its body, and neither has an async task whose
+        awaited value is another coroutine: each such job is dead-lettered
+        with that reason, never acked, and the inner body never runs.
+        (Coroutine functions are async tasks: ``AsyncWorkerTests``.)"""
         app = worker_apps(clock=worker_clock)
         ran: list[str] = []
 
@@ -361,18 +373,18 @@ class WorkerTests(EngineHarness):
             ran.append("generator")
             yield 1
 
-        class Callable_:
-            async def __call__(self) -> None:
-                ran.append("call")
+        class Streamer:
+            async def __call__(self) -> Any:
+                yield 1
 
         for function, kind in (
-            (fetch, "coroutine"),
             (stream, "async generator"),
             (produce, "generator"),
-            (Callable_(), "coroutine"),
+            (Streamer(), "async generator"),
         ):
             with pytest.raises(
-                ValidationError, match=rf"a task must be a plain function: .* {kind}"
+                ValidationError,
+                match=rf"a task must be a plain function or a coroutine function .* {kind}",
             ):
                 app.task(queue=QUEUE, name=f"refused_{kind}")(function)
         assert not {name for name in app.tasks if name.startswith("refused_")}
@@ -383,16 +395,26 @@ class WorkerTests(EngineHarness):
         def produce_later() -> Any:
             return produce()
 
+        async def fetch_twice_later(url: str) -> Any:
+            return fetch(url)  # awaited, it hands back another coroutine
+
         wrapped = app.task(queue=QUEUE, name="wrapped")(fetch_later)
         yielding = app.task(queue=QUEUE, name="yielding")(produce_later)
+        nested = app.task(queue=QUEUE, name="nested")(fetch_twice_later)
+        assert (wrapped.is_async, yielding.is_async, nested.is_async) == (False, False, True)
         queue = app.queue(QUEUE)
         coroutine_job = wrapped.enqueue("x")
         generator_job = yielding.enqueue()
+        nested_job = nested.enqueue("y")
         counts = app.worker(handle_signals=False).run(burst=True)
 
-        assert counts == WorkerCounts(dead=2)
+        assert counts == WorkerCounts(dead=3)
         assert ran == []
-        for job_id, kind in ((coroutine_job, "coroutine"), (generator_job, "generator")):
+        for job_id, kind in (
+            (coroutine_job, "coroutine"),
+            (generator_job, "generator"),
+            (nested_job, "coroutine"),
+        ):
             dead = queue.get_job(job_id)
             assert dead is not None
             assert (dead.state, dead.attempts) == ("dead", 1)

@@ -1,0 +1,331 @@
+"""The transactional :class:`AsyncOutbox`: messages written with the business data
+and relayed afterwards, at least once (docs/outbox.md)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from alkstore.errors import EngineError, ValidationError
+from alkstore.logic import validation as v
+from alkstore.runtime._acompat_async import AEvent, acaller, await_event
+from alkstore.runtime.heartbeat_async import AsyncHeartbeater
+from alkstore.runtime.lease_async import AsyncLease, retry_or_bury, write_while_held
+from alkstore.runtime.outcome import describe_exception
+
+if TYPE_CHECKING:
+    from alkstore.contract.queue_async import AsyncQueue
+
+__all__ = ["DEFAULT_RELAY_BATCH", "AsyncOutbox", "Send"]
+
+log = logging.getLogger("alkstore.outbox")
+
+#: Messages a relay claims at a time.
+DEFAULT_RELAY_BATCH = 100
+#: Seconds a relay waits for a wake before it polls again.
+DEFAULT_RELAY_POLL_S = 1.0
+# How often a waiting relay looks at its stop event.
+_STOP_SLICE_S = 0.1
+
+#: Delivers one message; returning means delivered, raising means retry. A
+#: plain function or a coroutine function (``async def``), whose coroutine
+#: is awaited (docs/outbox.md).
+Send = Callable[[Any], object]
+#: A relay's call of ``send`` on one message (:func:`~alkstore.runtime._acompat_async.acaller`).
+_Deliver = Callable[[Any], Awaitable[object]]
+
+
+class AsyncOutbox:
+    """A transactional outbox over one queue (the pattern of
+    microservices.io's "Transactional outbox"; docs/outbox.md).
+
+    :meth:`add` writes a message in the caller's own database transaction,
+    so it exists exactly when the business write beside it commits. A relay
+    (:meth:`relay_once`, :meth:`relay`, or a worker running an
+    ``App.relay``) claims messages and hands each to ``send``; a message is
+    acked once ``send`` returns, and retried with the queue's backoff when it
+    raises. Delivery is at least once: a relay that dies between ``send``
+    and the ack, or a claim that lapses, sends the message again, so
+    ``send`` must be idempotent or the receiver must deduplicate (the job id
+    is a stable key: see ``AsyncJobHandle.job.id``).
+
+    ``send`` may be a plain function or a coroutine function (``async
+    def``). Relayed from async code, a coroutine function's coroutine is
+    awaited on the running loop and a plain function runs on a thread
+    (``asyncio.to_thread``), so a blocking ``send`` never blocks the loop.
+    Relayed from sync code, a plain function runs on the relay's thread and
+    a coroutine function on an event loop: a worker's own when a worker
+    runs the relay, else one the call owns, on the relay's thread.
+
+    Parameters
+    ----------
+    queue
+        The queue the messages live in; its ``opts`` give their visibility
+        timeout, ``max_attempts`` and backoff. Messages that exhaust their
+        attempts are dead letters (``AsyncQueue.dead_jobs``).
+    """
+
+    def __init__(self, queue: AsyncQueue) -> None:
+        from alkstore.contract.queue_async import AsyncQueue
+
+        if not isinstance(queue, AsyncQueue):
+            raise ValidationError(f"an AsyncOutbox needs an AsyncQueue, not {type(queue).__name__}")
+        self._queue = queue
+
+    def __repr__(self) -> str:
+        return f"<AsyncOutbox {self._queue.name!r}>"
+
+    @property
+    def queue(self) -> AsyncQueue:
+        """The queue holding the messages."""
+        return self._queue
+
+    async def add(self, conn: Any, message: object, **options: Any) -> int:
+        """Write ``message`` inside the caller's open transaction on ``conn``.
+
+        Commit makes it visible and wakes relays; rollback leaves nothing
+        (docs/contract.md §3 "Transactional enqueue"). alkstore never commits ``conn``.
+
+        Parameters
+        ----------
+        conn
+            The engine's driver connection inside a transaction, as
+            :meth:`AsyncQueue.enqueue_tx` takes it (``sqlite3.Connection``
+            on the store's file, ``psycopg.Connection`` on its database;
+            an engine with native async primitives takes its async driver's
+            connection, docs/async.md).
+        message
+            A payload (docs/contract.md §3 "Payload").
+        options
+            :meth:`AsyncQueue.enqueue`'s keywords (``delay``, ``priority``, ...).
+
+        Returns
+        -------
+        int
+            The message's id.
+
+        Raises
+        ------
+        StoreClosedError, ValidationError, EngineError
+            As :meth:`AsyncQueue.enqueue_tx`; a refused message aborts nothing.
+        """
+        return await self._queue.enqueue_tx(conn, message, **options)
+
+    async def relay_once(
+        self, send: Send, *, worker_id: str, batch_size: int = DEFAULT_RELAY_BATCH
+    ) -> int:
+        """Claim up to ``batch_size`` messages and ``send`` each in claim order.
+
+        The messages ``send`` returned for are acked with one
+        :meth:`AsyncQueue.ack_many`; each one it raised for is retried with the
+        exception's text as ``last_error`` and the queue's backoff (dead at
+        its attempt budget, with ``last_error`` ``"max attempts exceeded;
+        last error: <text>"``, :func:`~alkstore.runtime.lease_async.retry_or_bury`).
+        Until its ack or retry, every claimed message is heartbeaten in the
+        background every third of its visibility timeout, as a worker's
+        jobs are, so a slow ``send`` does not let the batch lapse and be
+        handed out again; an ack or retry that fails on an error that may
+        pass is tried again while the claims hold
+        (:func:`~alkstore.runtime.lease_async.write_while_held`).
+
+        Parameters
+        ----------
+        send
+            Called with each decoded message; returning means delivered,
+            raising means "not delivered". A plain function or a coroutine
+            function (``async def``, a ``functools.partial`` of one, an
+            object whose ``__call__`` is one), whose coroutine is awaited:
+            the message is acked only once it returned. A generator or
+            async generator function is refused with ``ValidationError``
+            before anything is claimed; a plain function that returns an
+            awaitable or a generator has not delivered: the message is
+            retried. ``BaseException``\\ s other than ``Exception``
+            (``KeyboardInterrupt``, a cancellation) propagate; the unacked
+            claims then lapse and are sent again.
+        worker_id
+            Recorded on the claims (1 to 255 characters).
+        batch_size
+            ``1 .. 10000``.
+
+        Returns
+        -------
+        int
+            How many messages ``send`` delivered in this call.
+
+        Raises
+        ------
+        StoreClosedError, ValidationError, EngineError
+        """
+        self._queue.store._check_open()
+        heartbeater = self._heartbeater()
+        try:
+            batch_size = v.int_in_range(batch_size, "batch_size", 1, 10_000)
+            if not callable(send):
+                raise ValidationError("send must be callable")
+            async with acaller(send, "send") as deliver:
+                return (await self._relay_batch(deliver, worker_id, batch_size, heartbeater))[1]
+        finally:
+            await heartbeater.stop()
+
+    def _heartbeater(self) -> AsyncHeartbeater:
+        heartbeater = AsyncHeartbeater(f"alkstore-outbox-{self._queue.name}")
+        heartbeater.start()
+        return heartbeater
+
+    async def _relay_batch(
+        self, deliver: _Deliver, worker_id: str, batch_size: int, heartbeater: AsyncHeartbeater
+    ) -> tuple[int, int]:
+        """Relay one batch; return (claimed, delivered)."""
+        claimed = time.monotonic()
+        handles = await self._queue.claim_batch(worker_id, batch_size)
+        if not handles:
+            return 0, 0
+        leases = [await heartbeater.add(handle, claimed) for handle in handles]
+        done: list[AsyncLease] = []
+        try:
+            for lease in leases:
+                if await self._send(deliver, lease, heartbeater):
+                    done.append(lease)
+        finally:
+            try:
+                await self._ack(done)  # still heartbeaten meanwhile
+            finally:
+                for lease in leases:
+                    await heartbeater.remove(lease)
+        return len(handles), len(done)
+
+    async def _send(
+        self, deliver: _Deliver, lease: AsyncLease, heartbeater: AsyncHeartbeater
+    ) -> bool:
+        handle = lease.handle
+        try:
+            await deliver(handle.job.payload)
+        except Exception as exc:
+            lease.done = True  # a heartbeat refused from now on is the retry's doing
+            error = describe_exception(exc)
+            retried = await write_while_held(
+                lambda: retry_or_bury(handle, error),
+                [lease],
+                f"retrying message {handle.id} of outbox {self._queue.name!r}",
+            )
+            await heartbeater.remove(lease)
+            if retried and handle.attempts >= handle.max_attempts:
+                log.error(
+                    "outbox %r: message %d is dead after %d attempt(s), its last send failing: %s",
+                    self._queue.name,
+                    handle.id,
+                    handle.attempts,
+                    exc,
+                )
+            else:
+                log.warning(
+                    "outbox %r: sending message %d failed (attempt %d of %d)%s: %s",
+                    self._queue.name,
+                    handle.id,
+                    handle.attempts,
+                    handle.max_attempts,
+                    "" if retried else ", and its claim had lapsed",
+                    exc,
+                )
+            return False
+        return True
+
+    async def _ack(self, leases: list[AsyncLease]) -> None:
+        if not leases:
+            return
+        for lease in leases:
+            lease.done = True
+        handles = [lease.handle for lease in leases]
+        acked = await write_while_held(
+            lambda: self._queue.ack_many(handles),
+            leases,
+            f"acking {len(handles)} delivered message(s) of outbox {self._queue.name!r}",
+        )
+        if not all(acked):
+            log.warning(
+                "outbox %r: some delivered messages could not be acked (claims lapsed); "
+                "they will be sent again",
+                self._queue.name,
+            )
+
+    async def relay(
+        self,
+        send: Send,
+        *,
+        worker_id: str,
+        batch_size: int = DEFAULT_RELAY_BATCH,
+        stop: AEvent | None = None,
+        poll_interval_s: object = DEFAULT_RELAY_POLL_S,
+    ) -> int:
+        """Relay until ``stop`` is set: :meth:`relay_once` while messages are
+        ready, then wait for a wake (``AsyncStore.listen``) or ``poll_interval_s``.
+
+        Parameters
+        ----------
+        send, worker_id, batch_size
+            As :meth:`relay_once`.
+        stop
+            Set it (an asyncio.Event) to return after the current batch.
+        poll_interval_s
+            Seconds, ``> 0``: the longest wait between polls when no wake
+            arrives (docs/contract.md §3 "Wake": wakes are hints).
+
+        Returns
+        -------
+        int
+            How many messages were delivered in all.
+
+        Raises
+        ------
+        StoreClosedError, ValidationError
+            ``EngineError`` from a claim is logged and retried after the
+            poll interval instead, unless it is ``permanent``.
+        EngineError
+            A permanent one (the database cannot be written, docs/contract.md §2
+            "Errors"): retrying could not help.
+        """
+        poll_s = v.duration_s(poll_interval_s, "poll_interval_s", positive=True)
+        v.worker_id(worker_id)
+        batch_size = v.int_in_range(batch_size, "batch_size", 1, 10_000)
+        if not callable(send):
+            raise ValidationError("send must be callable")
+        if stop is None:
+            stop = AEvent()
+        elif not isinstance(stop, AEvent):
+            raise ValidationError(f"stop must be an asyncio.Event, not {type(stop).__name__}")
+        total = 0
+        heartbeater = self._heartbeater()
+        try:
+            async with (
+                acaller(send, "send") as deliver,
+                await self._queue.store.listen(self._queue.name) as subscription,
+            ):
+                while not stop.is_set():
+                    try:
+                        claimed, sent = await self._relay_batch(
+                            deliver, worker_id, batch_size, heartbeater
+                        )
+                    except ValidationError:
+                        raise
+                    except Exception as exc:
+                        if self._queue.store.closed or (
+                            isinstance(exc, EngineError) and exc.permanent
+                        ):
+                            raise
+                        log.warning(
+                            "outbox %r: relay failed; retrying", self._queue.name, exc_info=True
+                        )
+                        await await_event(stop, poll_s)
+                        continue
+                    total += sent
+                    if claimed < batch_size:  # drained: wait for a wake, the poll or stop
+                        deadline = time.monotonic() + poll_s
+                        while not stop.is_set():
+                            left = deadline - time.monotonic()
+                            if left <= 0 or await subscription.wait(min(left, _STOP_SLICE_S)):
+                                break
+        finally:
+            await heartbeater.stop()
+        return total
