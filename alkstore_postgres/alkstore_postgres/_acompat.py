@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import select
 import socket
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeAlias, TypeVar
 
 from alkstore.engine import WakeLatch
@@ -41,6 +42,7 @@ __all__ = [
     "WakeLatch",
     "Waker",
     "Worker",
+    "aclose_at_loop_end",
     "afrom_thread",
     "ajoin",
     "asleep",
@@ -53,6 +55,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+log = logging.getLogger("alkstore.postgres")
 
 Lock = threading.Lock
 ALock = asyncio.Lock
@@ -302,3 +306,34 @@ class AWakeLatch:
         woken = await self._event.wait_timeout(timeout_s)
         self._event.clear()
         return woken
+
+
+def aclose_at_loop_end(
+    close: Callable[[], Awaitable[None]], is_closed: Callable[[], bool], what: str
+) -> asyncio.Task[None]:
+    """Start a task of the running loop that does nothing until it is
+    cancelled, then awaits ``close()`` unless ``is_closed()``; keep a
+    reference to it, and cancel it once closed.
+
+    psycopg_pool's background workers carry on through a cancellation (it
+    keeps their pool consistent), so an ``AsyncConnectionPool`` left open
+    when its loop ends (``asyncio.run`` cancels every task, then waits for
+    them all) would keep the loop from ever ending. This task is cancelled
+    with the others and closes the pool, whose workers then stop: a store
+    the application forgot to close costs a WARNING, never a hang. No sync
+    twin: threads are daemons, and a sync store needs none."""
+
+    async def close_when_cancelled() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            if not is_closed():
+                log.warning(
+                    "the event loop is ending with %s still open: closing it now "
+                    "(await its close() before the loop ends)",
+                    what,
+                )
+                await close()
+            raise
+
+    return asyncio.get_running_loop().create_task(close_when_cancelled(), name=f"{what} closer")

@@ -15,6 +15,7 @@ inside :meth:`AsyncDatabase.guard`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import math
@@ -29,7 +30,14 @@ from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from alkstore.errors import StoreClosedError
-from alkstore_postgres._acompat import ALock, afrom_thread, asleep, aspawn, is_async
+from alkstore_postgres._acompat import (
+    ALock,
+    aclose_at_loop_end,
+    afrom_thread,
+    asleep,
+    aspawn,
+    is_async,
+)
 from alkstore_postgres._connection import (
     DATABASE_IDENTITY,
     DEFAULT_ISOLATION,
@@ -190,6 +198,9 @@ class AsyncDatabase:
         self._pool = self._new_pool()
         self._opened = False
         self._closed = False
+        if is_async():
+            # The async pool's closer at the loop's end (see open).
+            self._closer: asyncio.Task[None] | None = None
         # Set in a forked child: open the new pool at its first use.
         self._open_in_child = False
         self._fork_lock = ALock()
@@ -287,6 +298,10 @@ class AsyncDatabase:
         with wrap_errors():
             await self._pool.open(wait=False)
         self._opened = True
+        if is_async():
+            # A pool left open would keep its loop from ending (see
+            # aclose_at_loop_end).
+            self._closer = aclose_at_loop_end(self.close, lambda: self._closed, repr(self._name))
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConn]:
@@ -411,6 +426,9 @@ class AsyncDatabase:
         """Close the pool; connections in use close when given back (their
         calls stay bounded)."""
         self._closed = True
+        if is_async():  # noqa: SIM102 (the conversion knows a bare `if is_async():` only)
+            if self._closer is not None and self._closer is not asyncio.current_task():
+                self._closer.cancel()
         try:
             await self._pool.close()
         finally:

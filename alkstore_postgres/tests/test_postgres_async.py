@@ -786,3 +786,46 @@ def test_no_step_of_the_loop_takes_more_than_5_ms(
     print(f"\nloop mix: {json.dumps(reports, indent=1)}")
     assert reports[-1]["operations"] > 500
     assert reports[-1]["slow"] == [], reports
+
+
+# A child whose event loop ends with a native store left open, after a
+# subscription woke, an operation was refused, and the pool's connections
+# were being made: the loop's end closes the store (psycopg_pool's workers
+# would otherwise keep asyncio.run waiting for ever).
+_LEFT_OPEN = """
+import asyncio, sys, alkstore
+
+async def main():
+    listened = await alkstore.open_async(sys.argv[1], schema=sys.argv[2])
+    async with await listened.listen("q") as sub:
+        await listened.queue("q").enqueue(1)
+        assert await sub.wait(10)
+    # Its pool still making its ten connections when the loop ends.
+    fresh = await alkstore.open_async(sys.argv[1], schema=sys.argv[2], pool_min_size=10)
+    try:
+        await fresh.queue("q").enqueue_tx(object(), 2)
+    except alkstore.ValidationError:
+        pass
+    return listened, fresh
+
+stores = asyncio.run(main())
+print(*("closed" if store._db._closed else "open" for store in stores))
+"""
+
+
+def test_a_loop_that_ends_with_the_store_open_closes_it_instead_of_hanging(
+    postgres_url: str, schema: str
+) -> None:
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", _LEFT_OPEN, postgres_url, schema],
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["closed", "closed"]
+    assert done.stderr.count("the event loop is ending with 'alkstore-") == 2
+    assert "still open: closing it now" in done.stderr
+    assert time.monotonic() - started < WAIT_S / 2
