@@ -34,15 +34,15 @@ from alkstore import (
 )
 from alkstore_contract_tests._clock import T0, ManualClock
 from alkstore_contract_tests._fixtures import RecordingRng, StoreFactory
+from alkstore_contract_tests.harness import StoreTarget
 from alkstore_contract_tests.suite.async_surface import (
-    AsyncFixtures,
+    AsyncAppFixtures,
     Call,
     async_call,
     run_on_a_loop,
     sync_call,
 )
 from alkstore_contract_tests.suite.outbox import FlakySend
-from alkstore_contract_tests.suite.transactional import App, AppFixtures
 from alkstore_contract_tests.suite.wake import WAKE_TIMEOUT_S
 
 __all__ = ["AsyncRuntimeTests"]
@@ -177,7 +177,7 @@ async def outbox_scenario(
     return r
 
 
-class AsyncRuntimeTests(AppFixtures, AsyncFixtures):
+class AsyncRuntimeTests(AsyncAppFixtures):
     """:class:`~alkstore.AsyncScheduler`, :class:`~alkstore.AsyncSweeper`
     and :class:`~alkstore.AsyncOutbox` give the results of their sync forms
     on this engine."""
@@ -292,20 +292,23 @@ class AsyncRuntimeTests(AppFixtures, AsyncFixtures):
         assert poison[3].startswith("max attempts exceeded; last error: RuntimeError: poison")
 
     def test_async_runtime_outbox_add_commits_with_the_callers_transaction(
-        self, app: App, async_store: Callable[..., Any], clock: ManualClock
+        self, alkstore_target: StoreTarget, async_store: Callable[..., Any], clock: ManualClock
     ) -> None:
         """``AsyncOutbox.add`` writes in the caller's transaction (the
-        harness's application connection): a rollback leaves no message, a
+        harness's ``async_app_connection``): a rollback leaves no message, a
         commit one that ``relay`` delivers, woken, until its
         ``asyncio.Event`` is set."""
 
         async def main() -> list[Any]:
-            async with async_store(clock=clock) as astore:
+            async with (
+                async_store(clock=clock) as astore,
+                self.async_app(alkstore_target) as app,
+            ):
                 outbox = AsyncOutbox(astore.queue("outbox"))
-                self.begin(app.conn)
-                app.execute("INSERT INTO orders (id) VALUES (1)")
+                await app.begin()
+                await app.execute("INSERT INTO orders (id) VALUES (1)")
                 rolled_back = await outbox.add(app.conn, {"order": 1})
-                app.rollback()
+                await app.rollback()
                 gone = await outbox.queue.get_job(rolled_back)
                 sent: list[Any] = []
                 delivered = asyncio.Event()
@@ -318,17 +321,16 @@ class AsyncRuntimeTests(AppFixtures, AsyncFixtures):
                 relay = asyncio.create_task(
                     outbox.relay(send, worker_id="relay", stop=stop, poll_interval_s=WAKE_TIMEOUT_S)
                 )
-                self.begin(app.conn)
-                app.execute("INSERT INTO orders (id) VALUES (2)")
+                await app.begin()
+                await app.execute("INSERT INTO orders (id) VALUES (2)")
                 await outbox.add(app.conn, {"order": 2}, priority=3)
-                app.commit()
+                await app.commit()
                 await asyncio.wait_for(delivered.wait(), 2 * WAKE_TIMEOUT_S)
                 stop.set()
                 total = await asyncio.wait_for(relay, 2 * WAKE_TIMEOUT_S)
-                return [gone, sent, total, tuple(await outbox.queue.stats())]
+                return [gone, sent, total, tuple(await outbox.queue.stats()), await app.orders()]
 
-        assert run_on_a_loop(main()) == [None, [{"order": 2}], 1, (0, 0, 0, 0)]
-        assert app.orders() == [2]
+        assert run_on_a_loop(main()) == [None, [{"order": 2}], 1, (0, 0, 0, 0), [2]]
 
     def test_async_runtime_outbox_refuses_what_the_sync_one_refuses(
         self, open_store: StoreFactory, async_store: Callable[..., Any], clock: ManualClock

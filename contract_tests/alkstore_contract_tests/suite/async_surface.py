@@ -75,6 +75,7 @@ from alkstore_contract_tests.suite.validation import (
 from alkstore_contract_tests.suite.wake import QUIET_S, WAKE_TIMEOUT_S
 
 __all__ = [
+    "AsyncAppFixtures",
     "AsyncApp",
     "AsyncConcurrencyTests",
     "AsyncLoopTests",
@@ -670,14 +671,10 @@ class AsyncApp:
         return sorted(row[0] for row in await self.execute("SELECT id FROM orders") or [])
 
 
-class AsyncTransactionalTests(AsyncFixtures):
-    """``AsyncQueue.enqueue_tx`` inside the caller's transaction, on the
-    harness's ``async_app_connection``: by default the engine's sync
-    driver connection, which the thread adapter passes to the sync
-    ``enqueue_tx`` on one of the async store's threads while the test
-    drives the transaction from the loop's thread, never both at once
-    (docs/async.md "Sync engines under asyncio"); for an engine with native
-    async primitives, its async driver's connection."""
+class AsyncAppFixtures(AsyncFixtures):
+    """``async_app``: the application's own connection (the harness's
+    ``async_app_connection``) and table, for tests of the async surface that
+    write in the caller's transaction."""
 
     @asynccontextmanager
     async def async_app(self, target: StoreTarget) -> AsyncIterator[AsyncApp]:
@@ -696,6 +693,16 @@ class AsyncTransactionalTests(AsyncFixtures):
                 await app.begin()
                 await app.execute("DROP TABLE orders")
                 await app.commit()
+
+
+class AsyncTransactionalTests(AsyncAppFixtures):
+    """``AsyncQueue.enqueue_tx`` inside the caller's transaction, on the
+    harness's ``async_app_connection``: by default the engine's sync
+    driver connection, which the thread adapter passes to the sync
+    ``enqueue_tx`` on one of the async store's threads while the test
+    drives the transaction from the loop's thread, never both at once
+    (docs/async.md "Sync engines under asyncio"); for an engine with native
+    async primitives, its async driver's connection."""
 
     def test_async_surface_tx_commit_makes_the_job_visible_and_wakes(
         self, alkstore_target: StoreTarget, async_store: Callable[..., Any]

@@ -26,7 +26,7 @@ import pytest
 from alkstore import App, Fail, Retry, ValidationError, WorkerCounts
 from alkstore_contract_tests._clock import T0, ManualClock
 from alkstore_contract_tests._worker_app import QUEUE, executions
-from alkstore_contract_tests.harness import StoreTarget
+from alkstore_contract_tests.harness import StoreTarget, resolved
 from alkstore_contract_tests.suite.worker import (
     WAIT_S,
     AppFactory,
@@ -475,24 +475,28 @@ class AsyncWorkerTests(WorkerFixtures):
         register_tasks(url_app)
         record = url_app.tasks["record"]
         queue = url_app.queue(QUEUE)
-        with self.app_connection(alkstore_target) as conn:
 
-            async def main() -> tuple[int, str]:
-                self.begin(conn)
+        async def main() -> tuple[int, str]:
+            # The connection the async enqueue_tx takes (the harness's
+            # async_app_connection: the sync driver's under the thread
+            # adapter, the async driver's for a native engine).
+            async with self.async_app_connection(alkstore_target) as conn:
+                await self.begin_async(conn)
                 rolled_back = await record.aenqueue_tx(conn, worker_log_dir, "rolled-back")
-                conn.rollback()
+                await resolved(conn.rollback())
                 # Checked now: an engine may hand the rolled-back id out again.
                 assert queue.get_job(rolled_back) is None
                 assert tuple(queue.stats()) == (0, 0, 0, 0)
-                self.begin(conn)
+                await self.begin_async(conn)
                 with pytest.raises(ValidationError) as refused:
                     await record.aenqueue_tx(conn, worker_log_dir, token=b"x")
                 committed = await record.aenqueue_tx(conn, worker_log_dir, "committed")
-                conn.commit()
-                await url_app.aclose()
-                return committed, str(refused.value)
+                await resolved(conn.commit())
+            await url_app.aclose()
+            return committed, str(refused.value)
 
-            committed, refusal = asyncio.run(main())
+        committed, refusal = asyncio.run(main())
+        with self.app_connection(alkstore_target) as conn:
             self.begin(conn)
             with pytest.raises(ValidationError) as sync_refused:
                 record.enqueue_tx(conn, worker_log_dir, token=b"x")
