@@ -69,6 +69,8 @@ class Table:
 def _fmt(value: float | None) -> str:
     if value is None:
         return "-"
+    if isinstance(value, int):
+        return f"{value:,}"
     if value >= 100:
         return f"{value:,.0f}"
     return f"{value:.2f}"

@@ -392,28 +392,46 @@ def _alk_wake_consumer(url: str, ready: Any, pipe: Any, samples: int) -> None:
             got += 1
 
 
-def alk_wake(url: str, samples: int, warmup: int) -> list[float]:
+def alk_wake(
+    url: str,
+    samples: int,
+    warmup: int,
+    *,
+    consumer: Callable[..., None] = _alk_wake_consumer,
+    queue: str = "wake",
+    payload: Any = PAYLOAD,
+) -> list[float]:
     """Milliseconds from an enqueue's commit here to its claim in a consumer
-    process that waits on ``store.listen()`` and claims on wake."""
+    process that waits on ``store.listen()`` and claims on wake.
+
+    ``consumer(url, ready, pipe, count)`` is the consumer process's target
+    (spawned): it sets ``ready``, then sends ``CLOCK_MONOTONIC`` (ns) down
+    ``pipe`` as it takes each of ``count`` jobs of ``queue``; the producer
+    here enqueues ``payload`` one at a time."""
     ctx = mp.get_context("spawn")
     ready = ctx.Event()
     here, there = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_alk_wake_consumer, args=(url, ready, there, warmup + samples))
+    child = ctx.Process(target=consumer, args=(url, ready, there, warmup + samples))
     child.start()
     ready.wait(30)
     out: list[float] = []
-    with alkstore.open(url) as store:
-        q = store.queue("wake")
-        for i in range(warmup + samples):
-            time.sleep(0.005 + (i % 7) * 0.002)  # the consumer idles between wakes
-            q.enqueue(PAYLOAD)
-            committed = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-            if not here.poll(10):
-                raise RuntimeError("the alkstore consumer did not claim within 10 s")
-            claimed = here.recv()
-            if i >= warmup:
-                out.append(max(0, claimed - committed) / 1e6)
-    child.join()
+    try:
+        with alkstore.open(url) as store:
+            q = store.queue(queue)
+            for i in range(warmup + samples):
+                time.sleep(0.005 + (i % 7) * 0.002)  # the consumer idles between wakes
+                q.enqueue(payload)
+                committed = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+                if not here.poll(10):
+                    raise RuntimeError("the alkstore consumer did not claim within 10 s")
+                claimed = here.recv()
+                if i >= warmup:
+                    out.append(max(0, claimed - committed) / 1e6)
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.terminate()
+            child.join()
     return out
 
 
@@ -752,20 +770,19 @@ TRUNCATE = {
 }
 
 
-class Bench:
-    def __init__(self, server: Server, sizes: Sizes, tmp: Path) -> None:
+class Systems:
+    """alkstore and the peers, each in a fresh database of its own on
+    ``server`` (alkstore's migrated, the peers' schemas installed); a peer
+    that cannot be set up is recorded in :attr:`broken` and skipped."""
+
+    def __init__(self, server: Server) -> None:
         self.server = server
-        self.sizes = sizes
         self.urls: dict[str, str] = {}
         self.notes: list[str] = []
         self.versions: dict[str, str] = {}
         self.broken: dict[str, str] = {}
         self.urls["alkstore"] = server.create("alkstore")
         alkstore.open(self.urls["alkstore"]).close()
-        self.urls["pgbench"] = self.urls["alkstore"]
-        self.pgbench = Pgbench(self.urls["alkstore"], tmp)
-        if self.pgbench.exe is None:
-            self.broken["pgbench"] = "pgbench is not on PATH"
         for peer, install in (("PgQueuer", pgq_install), ("procrastinate", proc_install)):
             try:
                 self.urls[peer] = server.create(peer.lower())
@@ -800,6 +817,18 @@ class Bench:
     def note_missing(self) -> None:
         for system, why in self.broken.items():
             self.notes.append(f"{system}: - ({why})")
+
+
+class Bench(Systems):
+    """The systems, and pgbench on alkstore's database (its ceiling)."""
+
+    def __init__(self, server: Server, sizes: Sizes, tmp: Path) -> None:
+        super().__init__(server)
+        self.sizes = sizes
+        self.urls["pgbench"] = self.urls["alkstore"]
+        self.pgbench = Pgbench(self.urls["alkstore"], tmp)
+        if self.pgbench.exe is None:
+            self.broken["pgbench"] = "pgbench is not on PATH"
 
 
 def rate_row(

@@ -81,11 +81,12 @@ def engine_options(url: str, consumers: int) -> dict[str, object]:
     return {}
 
 
-def fill(url: str, n: int, chunk: int = 10_000) -> None:
+def fill(url: str, n: int, chunk: int = 10_000, payload: object = PAYLOAD) -> None:
+    """``n`` jobs of ``payload`` (default: what ``noop.enqueue()`` stores) on the queue."""
     with alkstore.open(url) as store:
         q = store.queue(QUEUE)
         for start in range(0, n, chunk):
-            q.enqueue_many([PAYLOAD] * min(chunk, n - start))
+            q.enqueue_many([payload] * min(chunk, n - start))
 
 
 def raw_drain(url: str, n: int, consumers: int, batch: int) -> float:
