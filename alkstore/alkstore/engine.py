@@ -1,6 +1,12 @@
 """What an engine author builds on: the primitives' argument types and the
 helpers every engine shares. Application code does not need this module.
 
+With it, the thread primitives (``Lock``, ``Event``, ``Condition``,
+``Spawned``, ``spawn``, ``join``, ``sleep``, ``wait_event``) whose asyncio
+twins :mod:`alkstore.engine_async` gives, for an engine whose sync modules
+are generated from async sources by ``tools/async_to_sync.py``, as the
+PostgreSQL engine's are (:mod:`alkstore._acompat` defines them).
+
 See ``docs/engine-authors.md`` for the walk-through.
 """
 
@@ -8,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from alkstore._acompat import Condition, Event, Lock, Spawned, join, sleep, spawn, wait_event
 from alkstore.contract.handle import FAILED, MAX_ATTEMPTS_EXCEEDED
 from alkstore.contract.job import JOB_FIELDS, job_from_values
 from alkstore.contract.latch import WakeLatch
@@ -38,6 +45,15 @@ __all__ = [
     "Schedule",
     "UnreadableSchedule",
     "WakeLatch",
+    # The thread sides of alkstore._acompat's pairs.
+    "Condition",
+    "Event",
+    "Lock",
+    "Spawned",
+    "join",
+    "sleep",
+    "spawn",
+    "wait_event",
     "check_engine_options",
     "check_schema_version",
     "decode_payload",

@@ -1,0 +1,36 @@
+"""The asyncio twins of the thread primitives :mod:`alkstore.engine` gives,
+for the async sources of an engine whose sync modules ``tools/async_to_sync.py``
+generates (docs/engine-authors.md "Native async primitives"): an async
+source imports ``ALock``, ``aspawn`` ... from here, and the conversion turns
+that into an import of ``Lock``, ``spawn`` ... from :mod:`alkstore.engine`.
+:mod:`alkstore._acompat_async` defines them; ``is_async`` is the sources'
+escape hatch, ``if is_async():``, whose body the sync module drops.
+
+Imports asyncio: only async modules import this one.
+"""
+
+from __future__ import annotations
+
+from alkstore._acompat_async import (
+    ACondition,
+    AEvent,
+    ALock,
+    ASpawned,
+    ajoin,
+    asleep,
+    aspawn,
+    await_event,
+    is_async,
+)
+
+__all__ = [
+    "ACondition",
+    "AEvent",
+    "ALock",
+    "ASpawned",
+    "ajoin",
+    "asleep",
+    "aspawn",
+    "await_event",
+    "is_async",
+]
