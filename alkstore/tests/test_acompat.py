@@ -1,12 +1,15 @@
 """The paired thread/task primitives of alkstore._acompat and
 alkstore._acompat_async: each pair answers the same calls the same way, on
-real threads and real event loops."""
+real threads and real event loops, and the heartbeater built on them stops
+within its bound on both sides."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import alkstore.engine
@@ -14,6 +17,8 @@ import alkstore.engine_async
 from alkstore import _acompat, _acompat_async
 from alkstore._acompat import Condition, Event, join, spawn, wait_event
 from alkstore._acompat_async import ACondition, AEvent, ajoin, aspawn, await_event
+from alkstore.runtime.heartbeat import Heartbeater
+from alkstore.runtime.heartbeat_async import AsyncHeartbeater
 
 #: Bounds the waits that must end early; far above what any should take.
 BOUND_S = 10.0
@@ -151,3 +156,70 @@ def test_spawn_runs_its_function_with_args_under_its_name_and_join_is_bounded() 
         return [task.get_name(), got, ended_early, still_running, ended, task.cancelled()]
 
     assert run(main()) == ["worker-7", [7], False, True, True, False]
+
+
+class HungHandle:
+    """A job handle whose heartbeat never answers (a call that hangs)."""
+
+    visibility_timeout_s = 0.03
+    claim_deadline = datetime.max.replace(tzinfo=UTC)
+    id = 1
+    queue = "q"
+
+    def __init__(self) -> None:
+        self.beats = 0
+
+    async def heartbeat(self) -> bool:
+        self.beats += 1
+        await asyncio.Event().wait()
+        return True
+
+
+def test_the_async_heartbeater_cancels_a_task_that_outlives_its_stop() -> None:
+    """Under ``if is_async():``: a task can be cancelled, a thread cannot."""
+
+    async def main() -> tuple[int, bool, float]:
+        beater = AsyncHeartbeater("hb")
+        handle = HungHandle()
+        beater.start()
+        await beater.add(handle)  # type: ignore[arg-type]
+        deadline = time.monotonic() + BOUND_S
+        while handle.beats == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        runner = beater._runner
+        assert runner is not None
+        start = time.monotonic()
+        await beater.stop(timeout_s=0.05)
+        return handle.beats, runner.cancelled(), time.monotonic() - start
+
+    beats, cancelled, took = run(main())
+    assert beats == 1
+    assert cancelled
+    assert took < BOUND_S
+
+
+def test_the_heartbeat_thread_idle_without_a_deadline_ends_at_stop() -> None:
+    """With no job it waits with no timeout; stop's notification ends the
+    wait (its predicate turns true), so the thread ends well within the bound."""
+    calls = [0]
+
+    def monotonic() -> float:
+        calls[0] += 1
+        return time.monotonic()
+
+    beater = Heartbeater("hb-idle", monotonic=monotonic)
+    beater.start()
+    runner = beater._runner
+    assert runner is not None
+    # Its second reading of the clock is under the condition's lock, just
+    # before the wait: once the lock is free after it, the thread waits.
+    deadline = time.monotonic() + BOUND_S
+    while calls[0] < 2:
+        assert time.monotonic() < deadline, "the heartbeat thread never reached its wait"
+        time.sleep(0.005)
+    with beater._cond:
+        assert beater._wake_at == math.inf
+    start = time.monotonic()
+    beater.stop(timeout_s=BOUND_S)
+    assert not runner.is_alive()
+    assert time.monotonic() - start < BOUND_S / 2

@@ -74,7 +74,7 @@ def test_every_async_source_is_converted() -> None:
         (folder / path.name[: -len("_async.py")])
         for folder in (CONTRACT, RUNTIME, ENGINE)
         for path in folder.glob("*_async.py")
-        if path.name != "_acompat_async.py"  # the primitives' async half, paired by hand
+        if path.name != "_caller_async.py"  # acaller's module, paired with _caller.py by hand
     }
     assert found == set(GENERATED)
     for module in GENERATED:
@@ -203,7 +203,7 @@ def test_runtime_conversion_rules(tmp_path: Path) -> None:
         from collections.abc import Awaitable, Callable, Coroutine
         from typing import Any
 
-        from alkstore.runtime._acompat_async import AEvent, asleep, await_event
+        from alkstore._acompat_async import AEvent, asleep, await_event
 
 
         async def wait(stop: AEvent, write: Callable[[], Awaitable[int]]) -> int:
@@ -221,7 +221,7 @@ def test_runtime_conversion_rules(tmp_path: Path) -> None:
     path = tmp_path / "thing_async.py"
     out = TOOL.convert(source, path.name, path)
     assert '"""Uses :class:`~alkstore.runtime.lease.Lease` with a threading.Event."""' in out
-    assert "from alkstore.runtime._acompat import Event, sleep, wait_event\n" in out
+    assert "from alkstore._acompat import Event, sleep, wait_event\n" in out
     assert "def wait(stop: Event, write: Callable[[], int]) -> int:" in out
     assert '"""Stop must be a threading.Event, not a bool."""' in out
     assert "    sleep(0.1)\n    if wait_event(stop, 1.0):\n        return write()" in out
