@@ -99,13 +99,15 @@ def test_engine_conversion_rules(tmp_path: Path) -> None:
         import psycopg
         from psycopg_pool import AsyncConnectionPool
 
+        from alkstore.engine_async import ALock, aspawn, is_async
         from alkstore_postgres import _operations_async
-        from alkstore_postgres._acompat import ALock, aspawn, is_async
+        from alkstore_postgres._acompat import AWaker
 
 
         class AsyncPostgresStore:
             def __init__(self, connect: Callable[[], Awaitable[int]]) -> None:
                 self._lock = ALock()
+                self._waker = AWaker()
                 self._pool: AsyncConnectionPool | None = None
                 if is_async():
                     self._later = True
@@ -116,14 +118,16 @@ def test_engine_conversion_rules(tmp_path: Path) -> None:
                 with contextlib.suppress(psycopg.Error):
                     async with self._lock:
                         await _operations_async.queue_names(self)
-                aspawn(self._open)
+                aspawn(self._open, name="opener")
         """
     )
     path = tmp_path / "thing_async.py"
     out = TOOL.convert(source, path.name, path)
     assert "from psycopg_pool import ConnectionPool\n" in out
     assert "from alkstore_postgres import _operations\n" in out
-    assert "from alkstore_postgres._acompat import Lock, spawn\n" in out
+    assert "from alkstore.engine import Lock, spawn\n" in out
+    assert "from alkstore_postgres._acompat import Waker\n" in out
+    assert "is_async" not in out
     assert "class PostgresStore:" in out
     assert "def __init__(self, connect: Callable[[], int]) -> None:" in out
     assert "        self._open()\n" in out
@@ -131,7 +135,7 @@ def test_engine_conversion_rules(tmp_path: Path) -> None:
     assert "self._later" not in out
     assert "with contextlib.suppress(psycopg.Error), self._lock:" in out
     assert "_operations.queue_names(self)" in out
-    assert "spawn(self._open)" in out
+    assert '        spawn(self._open, name="opener")\n' in out
 
 
 def test_conversion_rules(tmp_path: Path) -> None:
