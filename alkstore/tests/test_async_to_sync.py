@@ -4,6 +4,7 @@ engine's sync I/O modules are generated from the async ones, and
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -83,6 +84,19 @@ def test_every_async_source_is_converted() -> None:
         assert text.startswith(
             f"# WARNING: generated from {module.name}_async.py by tools/async_to_sync.py"
         ), module
+
+
+def test_every_name_is_used_by_a_source() -> None:
+    """No entry of the renaming table is dead: each one's async name occurs
+    in a source the tool converts (a dead entry would still rename the word
+    wherever it next appeared, even in prose)."""
+    texts = [(ROOT / source).read_text() for source in TOOL.SOURCES]
+    unused = [
+        name
+        for name in TOOL.NAMES
+        if not any(re.search(rf"\b{re.escape(name)}\b", text) for text in texts)
+    ]
+    assert unused == []
 
 
 def test_engine_conversion_rules(tmp_path: Path) -> None:
@@ -207,11 +221,12 @@ def test_runtime_conversion_rules(tmp_path: Path) -> None:
         from collections.abc import Awaitable, Callable, Coroutine
         from typing import Any
 
-        from alkstore._acompat_async import AEvent, asleep, await_event
+        from alkstore._acompat_async import ACondition, AEvent, asleep, await_event
 
 
         async def wait(stop: AEvent, write: Callable[[], Awaitable[int]]) -> int:
             """Stop must be an asyncio.Event, not a bool."""
+            # Then asleep, not await_event's sleep.
             await asleep(0.1)
             if await await_event(stop, 1.0):
                 return await write()
@@ -220,13 +235,21 @@ def test_runtime_conversion_rules(tmp_path: Path) -> None:
 
         def typed(coro: Coroutine[Any, Any, str]) -> None:
             pass
+
+
+        async def timed(cond: ACondition) -> bool:
+            return await cond.wait_for(lambda: True, 1.0)
         '''
     )
     path = tmp_path / "thing_async.py"
     out = TOOL.convert(source, path.name, path)
     assert '"""Uses :class:`~alkstore.runtime.lease.Lease` with a threading.Event."""' in out
-    assert "from alkstore._acompat import Event, sleep, wait_event\n" in out
+    assert "from alkstore._acompat import Condition, Event, sleep, wait_event\n" in out
     assert "def wait(stop: Event, write: Callable[[], int]) -> int:" in out
     assert '"""Stop must be a threading.Event, not a bool."""' in out
-    assert "    sleep(0.1)\n    if wait_event(stop, 1.0):\n        return write()" in out
+    # asleep is renamed in code only: it is an English word too.
+    assert "    # Then asleep, not wait_event's sleep.\n    sleep(0.1)\n" in out
+    assert "    if wait_event(stop, 1.0):\n        return write()" in out
+    # A condition's timed wait is spelled as threading's on both sides.
+    assert "def timed(cond: Condition) -> bool:\n    return cond.wait_for(lambda: True, 1.0)" in out
     assert "def typed(coro: str) -> None:" in out
