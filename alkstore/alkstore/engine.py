@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from alkstore._acompat import Condition, Event, Lock, Spawned, join, sleep, spawn, wait_event
+from alkstore import _acompat
+from alkstore._acompat import *  # noqa: F403 (the thread side of the pairs, re-exported)
 from alkstore.contract.handle import FAILED, MAX_ATTEMPTS_EXCEEDED
 from alkstore.contract.job import JOB_FIELDS, job_from_values
 from alkstore.contract.latch import WakeLatch
@@ -45,15 +46,6 @@ __all__ = [
     "Schedule",
     "UnreadableSchedule",
     "WakeLatch",
-    # The thread sides of alkstore._acompat's pairs.
-    "Condition",
-    "Event",
-    "Lock",
-    "Spawned",
-    "join",
-    "sleep",
-    "spawn",
-    "wait_event",
     "check_engine_options",
     "check_schema_version",
     "decode_payload",
@@ -67,6 +59,8 @@ __all__ = [
     "schedule_from_values",
     "schedule_to_values",
 ]
+# The thread sides of the pairs (alkstore._acompat).
+__all__ += _acompat.__all__
 
 #: ``last_error`` of a job that ``sweep_expired`` moved to the dead table.
 EXPIRED = "expired"

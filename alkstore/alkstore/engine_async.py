@@ -3,34 +3,17 @@ for the async sources of an engine whose sync modules ``tools/async_to_sync.py``
 generates (docs/engine-authors.md "Native async primitives"): an async
 source imports ``ALock``, ``aspawn`` ... from here, and the conversion turns
 that into an import of ``Lock``, ``spawn`` ... from :mod:`alkstore.engine`.
-:mod:`alkstore._acompat_async` defines them; ``is_async`` is the sources'
-escape hatch, ``if is_async():``, whose body the sync module drops.
+This module is :mod:`alkstore._acompat_async`, which defines them, under
+its public name; ``is_async`` is the sources' escape hatch,
+``if is_async():``, whose body the sync module drops.
 
 Imports asyncio: only async modules import this one.
 """
 
 from __future__ import annotations
 
-from alkstore._acompat_async import (
-    ACondition,
-    AEvent,
-    ALock,
-    ASpawned,
-    ajoin,
-    asleep,
-    aspawn,
-    await_event,
-    is_async,
-)
+from alkstore import _acompat_async
+from alkstore._acompat_async import *  # noqa: F403 (all of it, re-exported)
 
-__all__ = [
-    "ACondition",
-    "AEvent",
-    "ALock",
-    "ASpawned",
-    "ajoin",
-    "asleep",
-    "aspawn",
-    "await_event",
-    "is_async",
-]
+__all__: list[str] = []
+__all__ += _acompat_async.__all__
