@@ -9,10 +9,16 @@ are written by hand; each sync module beside them (``queue_async.py`` ->
 ``queue.py``) is generated from it, as psycopg generates ``connection.py``
 from ``connection_async.py``, so the two cannot drift: one copy of the
 validation, resolution and backoff calls, of the runtime's loops, and of the
-engine's pool, operations and listener, two faces. The runtime's and the
-engine's sources use paired primitives (``AEvent``, ``aspawn``, ``asleep``
-...) whose thread twins have the same names without the ``a``, as
-psycopg_pool's ``_acompat`` pairs them.
+engine's pool, operations and listener, two faces. Where a source needs a
+lock, an event, a condition, a task, a sleep, it uses the asyncio side of a
+pair (``ALock``, ``AEvent``, ``ACondition``, ``aspawn``, ``asleep`` ...)
+whose thread side has the same name without the ``a``, as psycopg_pool's
+``_acompat`` pairs them: the generic pairs are defined once, in
+``alkstore/alkstore/_acompat_async.py`` and ``_acompat.py`` (which the
+runtime imports, and engines through ``alkstore.engine_async`` and
+``alkstore.engine``); the runtime's ``acaller`` and the PostgreSQL engine's
+own pairs (``AWaker``, ``ABusy`` ...) sit beside their users and build on
+them. :data:`NAMES` has one entry per pair.
 
 The conversion is on the concrete syntax tree (libcst), so comments,
 docstrings and layout survive. It:
@@ -21,8 +27,9 @@ docstrings and layout survive. It:
   ``with``/``for`` and ``await x`` into ``x``;
 - renames identifiers by :data:`NAMES` (``AsyncQueue`` -> ``Queue``,
   ``__aenter__`` -> ``__enter__`` ...), also inside strings, docstrings and
-  comments (whole words only), and imports of ``*_async`` modules (and
-  their dotted paths in text);
+  comments (whole words only, and not the few that are English words:
+  :data:`CODE_ONLY`), and imports of ``*_async`` modules (and their dotted
+  paths in text);
 - turns the types ``Awaitable[T]`` and ``Coroutine[Any, Any, T]`` into ``T``;
 - drops the body of ``if is_async():`` keeping its ``else:`` (the escape
   hatch for code that must differ); a call in such an ``else:`` that only
@@ -106,7 +113,6 @@ NAMES = {
     # psycopg and psycopg_pool, which pair their classes the same way.
     "AsyncConnection": "Connection",
     "AsyncConnectionPool": "ConnectionPool",
-    "AsyncCursor": "Cursor",
     "AsyncRawCursor": "RawCursor",
     # The PostgreSQL engine's classes.
     "AsyncPostgresStore": "PostgresStore",
@@ -124,42 +130,45 @@ NAMES = {
     "_operations_async": "_operations",
     "_schedules_async": "_schedules",
     "_vacuum_async": "_vacuum",
-    # alkstore_postgres._acompat's pairs (as psycopg_pool's _acompat).
-    "ALock": "Lock",
-    "AEvent": "Event",
-    "ACondition": "Condition",
-    "AWorker": "Worker",
-    "ABusy": "Busy",
-    "AWaker": "Waker",
-    "AWakeLatch": "WakeLatch",
-    "aspawn": "spawn",
-    "afrom_thread": "from_thread",
-    "ajoin": "join",
-    "asleep": "sleep",
-    "wait_timeout": "wait",
-    "wait_for_timeout": "wait_for",
     # The runtime's async classes (alkstore/alkstore/runtime/*_async.py).
     "AsyncLease": "Lease",
     "AsyncHeartbeater": "Heartbeater",
     "AsyncOutbox": "Outbox",
     "AsyncScheduler": "Scheduler",
     "AsyncSweeper": "Sweeper",
-    # The paired primitives of alkstore/alkstore/runtime/_acompat*.py
-    # (psycopg_pool's names).
+    # The generic thread/task pairs: alkstore/alkstore/_acompat_async.py and
+    # _acompat.py (re-exported by alkstore.engine_async and alkstore.engine).
+    "ALock": "Lock",
+    "AEvent": "Event",
+    "ACondition": "Condition",
     "ASpawned": "Spawned",
-    "agather": "gather",
+    "aspawn": "spawn",
+    "ajoin": "join",
+    "asleep": "sleep",  # in code only (CODE_ONLY)
     "await_event": "wait_event",
+    # The runtime's: alkstore/alkstore/runtime/_caller_async.py and _caller.py.
     "acaller": "caller",
+    # The PostgreSQL engine's: alkstore_postgres/alkstore_postgres/_acompat.py.
+    "ABusy": "Busy",
+    "AWaker": "Waker",
+    "AWakeLatch": "WakeLatch",
+    "afrom_thread": "from_thread",
+    # In text: what an application's stop event is (AEvent, Event), and an
+    # article.
     "an asyncio.Event": "a threading.Event",
     "an AsyncQueue": "a Queue",
-    "asyncio.Event": "threading.Event",
 }
+
+#: Keys of :data:`NAMES` that are also English words: renamed in code (names
+#: and attributes), never in strings, docstrings and comments ("while the
+#: loop is asleep").
+CODE_ONLY = frozenset({"asleep"})
 
 #: The comment that marks a call only the sync module runs (see the module
 #: docstring); the conversion drops it.
 SYNC_ONLY_CALL = "# type: ignore[unused-coroutine]"
 
-_WORDS = re.compile(r"\b(" + "|".join(re.escape(k) for k in NAMES) + r")\b")
+_WORDS = re.compile(r"\b(" + "|".join(re.escape(k) for k in NAMES if k not in CODE_ONLY) + r")\b")
 #: A dotted module path to an async source, in text: ``alkstore.runtime.lease_async``.
 _ASYNC_MODULE = re.compile(r"\b(alkstore(?:\.\w+)*\.\w+?)_async\b")
 #: Type subscripts whose sync form is their last argument: an awaitable of
@@ -173,8 +182,8 @@ HEADER = (
 
 
 def rename_words(text: str) -> str:
-    """Apply :data:`NAMES` to the whole words of ``text``, and drop the
-    ``_async`` of dotted module paths."""
+    """Apply :data:`NAMES` (but :data:`CODE_ONLY`) to the whole words of
+    ``text``, and drop the ``_async`` of dotted module paths."""
     text = _ASYNC_MODULE.sub(r"\1", text)
     return _WORDS.sub(lambda m: NAMES[m.group(1)], text)
 

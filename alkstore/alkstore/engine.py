@@ -1,6 +1,12 @@
 """What an engine author builds on: the primitives' argument types and the
 helpers every engine shares. Application code does not need this module.
 
+With it, the thread primitives (``Lock``, ``Event``, ``Condition``,
+``Spawned``, ``spawn``, ``join``, ``sleep``, ``wait_event``) whose asyncio
+twins :mod:`alkstore.engine_async` gives, for an engine whose sync modules
+are generated from async sources by ``tools/async_to_sync.py``, as the
+PostgreSQL engine's are (:mod:`alkstore._acompat` defines them).
+
 See ``docs/engine-authors.md`` for the walk-through.
 """
 
@@ -8,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from alkstore import _acompat
+from alkstore._acompat import *  # noqa: F403 (the thread side of the pairs, re-exported)
 from alkstore.contract.handle import FAILED, MAX_ATTEMPTS_EXCEEDED
 from alkstore.contract.job import JOB_FIELDS, job_from_values
 from alkstore.contract.latch import WakeLatch
@@ -51,6 +59,8 @@ __all__ = [
     "schedule_from_values",
     "schedule_to_values",
 ]
+# The thread sides of the pairs (alkstore._acompat).
+__all__ += _acompat.__all__
 
 #: ``last_error`` of a job that ``sweep_expired`` moved to the dead table.
 EXPIRED = "expired"

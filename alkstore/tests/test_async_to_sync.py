@@ -4,6 +4,7 @@ engine's sync I/O modules are generated from the async ones, and
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -74,7 +75,7 @@ def test_every_async_source_is_converted() -> None:
         (folder / path.name[: -len("_async.py")])
         for folder in (CONTRACT, RUNTIME, ENGINE)
         for path in folder.glob("*_async.py")
-        if path.name != "_acompat_async.py"  # the primitives' async half, paired by hand
+        if path.name != "_caller_async.py"  # acaller's module, paired with _caller.py by hand
     }
     assert found == set(GENERATED)
     for module in GENERATED:
@@ -83,6 +84,19 @@ def test_every_async_source_is_converted() -> None:
         assert text.startswith(
             f"# WARNING: generated from {module.name}_async.py by tools/async_to_sync.py"
         ), module
+
+
+def test_every_name_is_used_by_a_source() -> None:
+    """No entry of the renaming table is dead: each one's async name occurs
+    in a source the tool converts (a dead entry would still rename the word
+    wherever it next appeared, even in prose)."""
+    texts = [(ROOT / source).read_text() for source in TOOL.SOURCES]
+    unused = [
+        name
+        for name in TOOL.NAMES
+        if not any(re.search(rf"\b{re.escape(name)}\b", text) for text in texts)
+    ]
+    assert unused == []
 
 
 def test_engine_conversion_rules(tmp_path: Path) -> None:
@@ -99,13 +113,15 @@ def test_engine_conversion_rules(tmp_path: Path) -> None:
         import psycopg
         from psycopg_pool import AsyncConnectionPool
 
+        from alkstore.engine_async import ALock, aspawn, is_async
         from alkstore_postgres import _operations_async
-        from alkstore_postgres._acompat import ALock, aspawn, is_async
+        from alkstore_postgres._acompat import AWaker
 
 
         class AsyncPostgresStore:
             def __init__(self, connect: Callable[[], Awaitable[int]]) -> None:
                 self._lock = ALock()
+                self._waker = AWaker()
                 self._pool: AsyncConnectionPool | None = None
                 if is_async():
                     self._later = True
@@ -116,14 +132,16 @@ def test_engine_conversion_rules(tmp_path: Path) -> None:
                 with contextlib.suppress(psycopg.Error):
                     async with self._lock:
                         await _operations_async.queue_names(self)
-                aspawn(self._open)
+                aspawn(self._open, name="opener")
         """
     )
     path = tmp_path / "thing_async.py"
     out = TOOL.convert(source, path.name, path)
     assert "from psycopg_pool import ConnectionPool\n" in out
     assert "from alkstore_postgres import _operations\n" in out
-    assert "from alkstore_postgres._acompat import Lock, spawn\n" in out
+    assert "from alkstore.engine import Lock, spawn\n" in out
+    assert "from alkstore_postgres._acompat import Waker\n" in out
+    assert "is_async" not in out
     assert "class PostgresStore:" in out
     assert "def __init__(self, connect: Callable[[], int]) -> None:" in out
     assert "        self._open()\n" in out
@@ -131,7 +149,7 @@ def test_engine_conversion_rules(tmp_path: Path) -> None:
     assert "self._later" not in out
     assert "with contextlib.suppress(psycopg.Error), self._lock:" in out
     assert "_operations.queue_names(self)" in out
-    assert "spawn(self._open)" in out
+    assert '        spawn(self._open, name="opener")\n' in out
 
 
 def test_conversion_rules(tmp_path: Path) -> None:
@@ -203,11 +221,12 @@ def test_runtime_conversion_rules(tmp_path: Path) -> None:
         from collections.abc import Awaitable, Callable, Coroutine
         from typing import Any
 
-        from alkstore.runtime._acompat_async import AEvent, asleep, await_event
+        from alkstore._acompat_async import ACondition, AEvent, asleep, await_event
 
 
         async def wait(stop: AEvent, write: Callable[[], Awaitable[int]]) -> int:
             """Stop must be an asyncio.Event, not a bool."""
+            # Then asleep, not await_event's sleep.
             await asleep(0.1)
             if await await_event(stop, 1.0):
                 return await write()
@@ -216,13 +235,21 @@ def test_runtime_conversion_rules(tmp_path: Path) -> None:
 
         def typed(coro: Coroutine[Any, Any, str]) -> None:
             pass
+
+
+        async def timed(cond: ACondition) -> bool:
+            return await cond.wait_for(lambda: True, 1.0)
         '''
     )
     path = tmp_path / "thing_async.py"
     out = TOOL.convert(source, path.name, path)
     assert '"""Uses :class:`~alkstore.runtime.lease.Lease` with a threading.Event."""' in out
-    assert "from alkstore.runtime._acompat import Event, sleep, wait_event\n" in out
+    assert "from alkstore._acompat import Condition, Event, sleep, wait_event\n" in out
     assert "def wait(stop: Event, write: Callable[[], int]) -> int:" in out
     assert '"""Stop must be a threading.Event, not a bool."""' in out
-    assert "    sleep(0.1)\n    if wait_event(stop, 1.0):\n        return write()" in out
+    # asleep is renamed in code only: it is an English word too.
+    assert "    # Then asleep, not wait_event's sleep.\n    sleep(0.1)\n" in out
+    assert "    if wait_event(stop, 1.0):\n        return write()" in out
+    # A condition's timed wait is spelled as threading's on both sides.
+    assert "def timed(cond: Condition) -> bool:\n    return cond.wait_for(lambda: True, 1.0)" in out
     assert "def typed(coro: str) -> None:" in out

@@ -1,14 +1,25 @@
-"""Thread and task primitives in pairs, for the engine's generated modules.
+"""The PostgreSQL engine's own thread and task pairs, for its generated modules.
 
 The engine's I/O modules are written once, for asyncio (``_*_async.py``);
 tools/async_to_sync.py generates the sync modules from them (docs/async.md
-"How the engines do it"), renaming each async name of this module to its
-sync twin: ``ALock`` -> ``Lock``, ``AEvent`` -> ``Event``, ``aspawn`` ->
-``spawn`` ..., as psycopg_pool's own ``_acompat`` does. So each pair has
-one meaning and two implementations: the sync one for threads, the async
-one for the tasks of the event loop that opened the store (an async store
-is used from that loop only; nothing here is thread-safe on the async side
-unless it says so).
+"How the engines do it"), renaming each async name to its sync twin, as
+psycopg_pool's ``_acompat`` does. The generic pairs (a lock, an event, a
+condition, a task or a thread, ``sleep``, ``is_async``) are alkstore's
+(:mod:`alkstore.engine` / :mod:`alkstore.engine_async`, defined in
+``alkstore._acompat``); the pairs here are the engine's, built on them:
+
+- ``from_thread``/``afrom_thread``: where a callback another thread calls
+  (the watchdog's) runs;
+- ``Busy``/``ABusy``: a mutex taken without waiting (compaction);
+- ``Waker``/``AWaker``: what wakes the listener waiting on its socket;
+- ``WakeLatch``/``AWakeLatch``: a subscription's latch;
+- ``aclose_at_loop_end``, with no sync twin (it runs under ``if is_async():``).
+
+Each pair has one meaning and two implementations: the sync one for
+threads, the async one for the tasks of the event loop that opened the
+store (an async store is used from that loop only; nothing here is
+thread-safe on the async side unless it says so). Both sides share this
+one module: the engine imports psycopg, and so asyncio, in both faces.
 
 Hand-written, never generated: the two sides differ by nature.
 """
@@ -20,130 +31,27 @@ import contextlib
 import logging
 import select
 import socket
-import threading
-import time
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeAlias, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
-from alkstore.engine import WakeLatch
+from alkstore.engine import Lock, WakeLatch
+from alkstore.engine_async import AEvent, ASpawned, aspawn, await_event
 
 __all__ = [
     "ABusy",
-    "ACondition",
-    "AEvent",
-    "ALock",
     "AWakeLatch",
     "AWaker",
-    "AWorker",
     "Busy",
-    "Condition",
-    "Event",
-    "Lock",
     "WakeLatch",
     "Waker",
-    "Worker",
     "aclose_at_loop_end",
     "afrom_thread",
-    "ajoin",
-    "asleep",
-    "aspawn",
     "from_thread",
-    "is_async",
-    "join",
-    "sleep",
-    "spawn",
 ]
 
 T = TypeVar("T")
 
 log = logging.getLogger("alkstore.postgres")
-
-Lock = threading.Lock
-ALock = asyncio.Lock
-Event = threading.Event
-Condition = threading.Condition
-sleep = time.sleep
-asleep = asyncio.sleep
-
-#: What :func:`spawn` / :func:`aspawn` start: a daemon thread, or a task.
-Worker: TypeAlias = threading.Thread
-AWorker: TypeAlias = "asyncio.Task[None]"
-
-
-def is_async() -> bool:
-    """``True``: the escape hatch of the async sources. The conversion
-    replaces ``if is_async(): A else: B`` by ``B`` in the sync module, so
-    this is only ever called on the async side."""
-    return True
-
-
-class AEvent(asyncio.Event):
-    """:class:`asyncio.Event` with :meth:`threading.Event.wait`'s timeout."""
-
-    async def wait_timeout(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` seconds; ``True`` if set (at once when
-        it is already set, whatever the timeout). Becomes ``wait`` in the
-        sync modules."""
-        if self.is_set():
-            return True
-        if timeout_s <= 0:
-            return False
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self.wait()
-        except TimeoutError:
-            return self.is_set()
-        return True
-
-
-class ACondition(asyncio.Condition):
-    """:class:`asyncio.Condition` with :meth:`threading.Condition.wait_for`'s
-    timeout."""
-
-    async def wait_for_timeout(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
-        """Wait (the lock held, as ``wait_for``) until ``predicate()`` or
-        ``timeout_s`` seconds; return the predicate's last value. Becomes
-        ``wait_for`` in the sync modules."""
-        try:
-            async with asyncio.timeout(max(0.0, timeout_s)):
-                await self.wait_for(predicate)
-        except TimeoutError:
-            pass
-        return predicate()
-
-
-# Tasks started by aspawn, referenced until they end: the loop itself keeps
-# only a weak reference to a task.
-_tasks: set[asyncio.Task[None]] = set()
-
-
-def spawn(fn: Callable[..., object], args: tuple[Any, ...] = (), name: str = "") -> Worker:
-    """Run ``fn(*args)`` on a new daemon thread."""
-    thread = threading.Thread(target=fn, args=args, name=name, daemon=True)
-    thread.start()
-    return thread
-
-
-def aspawn(
-    fn: Callable[..., Coroutine[Any, Any, None]], args: tuple[Any, ...] = (), name: str = ""
-) -> AWorker:
-    """Run ``fn(*args)`` as a new task of the running loop."""
-    task = asyncio.get_running_loop().create_task(fn(*args), name=name)
-    _tasks.add(task)
-    task.add_done_callback(_tasks.discard)
-    return task
-
-
-def join(worker: Worker, timeout_s: float) -> bool:
-    """Wait up to ``timeout_s`` seconds for ``worker`` to end; ``True`` if it did."""
-    worker.join(timeout_s)
-    return not worker.is_alive()
-
-
-async def ajoin(worker: AWorker, timeout_s: float) -> bool:
-    """Wait up to ``timeout_s`` seconds for ``worker`` to end; ``True`` if it did."""
-    done, _ = await asyncio.wait({worker}, timeout=timeout_s)
-    return bool(done)
 
 
 def from_thread(fn: Callable[[T], None]) -> Callable[[T], None]:
@@ -171,7 +79,7 @@ class Busy:
     __slots__ = ("_lock",)
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = Lock()
 
     def take(self) -> bool:
         """Take it if it is free; ``True`` if taken."""
@@ -303,14 +211,14 @@ class AWakeLatch:
 
     async def wait(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` seconds for a wake and consume it."""
-        woken = await self._event.wait_timeout(timeout_s)
+        woken = await await_event(self._event, timeout_s)
         self._event.clear()
         return woken
 
 
 def aclose_at_loop_end(
     close: Callable[[], Awaitable[None]], is_closed: Callable[[], bool], what: str
-) -> asyncio.Task[None]:
+) -> ASpawned:
     """Start a task of the running loop that does nothing until it is
     cancelled, then awaits ``close()`` unless ``is_closed()``; keep a
     reference to it, and cancel it once closed.
@@ -325,7 +233,7 @@ def aclose_at_loop_end(
 
     async def close_when_cancelled() -> None:
         try:
-            await asyncio.Event().wait()
+            await AEvent().wait()
         except asyncio.CancelledError:
             if not is_closed():
                 log.warning(
@@ -336,4 +244,4 @@ def aclose_at_loop_end(
                 await close()
             raise
 
-    return asyncio.get_running_loop().create_task(close_when_cancelled(), name=f"{what} closer")
+    return aspawn(close_when_cancelled, name=f"{what} closer")

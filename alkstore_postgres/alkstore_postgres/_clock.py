@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from alkstore_postgres._acompat import Lock
+from alkstore.engine import Lock
 from alkstore_postgres._clock_sample import RESAMPLE_AFTER_S, ClockSample
 
 __all__ = ["RESAMPLE_AFTER_S", "Sample", "ServerClock"]

@@ -26,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
-from alkstore_postgres._acompat import ALock
+from alkstore.engine_async import ALock
 from alkstore_postgres._clock_sample import RESAMPLE_AFTER_S, ClockSample
 
 __all__ = ["RESAMPLE_AFTER_S", "AsyncSample", "AsyncServerClock"]

@@ -30,12 +30,9 @@ import psycopg
 from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
+from alkstore.engine import Lock, spawn
 from alkstore.errors import StoreClosedError
-from alkstore_postgres._acompat import (
-    Lock,
-    from_thread,
-    spawn,
-)
+from alkstore_postgres._acompat import from_thread
 from alkstore_postgres._connection import (
     DATABASE_IDENTITY,
     DEFAULT_ISOLATION,

@@ -29,15 +29,9 @@ import psycopg
 from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
+from alkstore.engine_async import ALock, asleep, aspawn, is_async
 from alkstore.errors import StoreClosedError
-from alkstore_postgres._acompat import (
-    ALock,
-    aclose_at_loop_end,
-    afrom_thread,
-    asleep,
-    aspawn,
-    is_async,
-)
+from alkstore_postgres._acompat import aclose_at_loop_end, afrom_thread
 from alkstore_postgres._connection import (
     DATABASE_IDENTITY,
     DEFAULT_ISOLATION,

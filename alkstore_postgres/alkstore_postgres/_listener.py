@@ -35,17 +35,17 @@ from typing import Any, Generic, TypeVar
 import psycopg
 from psycopg import sql
 
-from alkstore.errors import AlkstoreError, EngineError, StoreClosedError
-from alkstore_postgres._acompat import (
+from alkstore.engine import (
     Condition,
     Event,
     Lock,
-    WakeLatch,
-    Waker,
-    Worker,
+    Spawned,
     join,
     spawn,
+    wait_event,
 )
+from alkstore.errors import AlkstoreError, EngineError, StoreClosedError
+from alkstore_postgres._acompat import WakeLatch, Waker
 from alkstore_postgres._connection import drop_inherited, engine_error
 from alkstore_postgres._database import Conn
 from alkstore_postgres._watchdog import Watchdog
@@ -128,7 +128,7 @@ class Listener:
         self._check = False
         self._stopped = False
         self._start_lock = Lock()
-        self._worker: Worker | None = None
+        self._worker: Spawned | None = None
         self._waker: Waker | None = None
         # The listener's latest connection (for a forked child to drop).
         self._conn: Conn | None = None
@@ -454,7 +454,7 @@ class _Result(Generic[T]):
             self._done.set()
 
     def wait(self, timeout_s: float) -> T:
-        if not self._done.wait(timeout_s):
+        if not wait_event(self._done, timeout_s):
             raise EngineError(f"the listener did not answer within {timeout_s} s")
         if self._error is not None:
             raise self._error

@@ -33,18 +33,18 @@ from typing import Any, Generic, TypeVar
 import psycopg
 from psycopg import sql
 
-from alkstore.errors import AlkstoreError, EngineError, StoreClosedError
-from alkstore_postgres._acompat import (
+from alkstore.engine_async import (
     ACondition,
     AEvent,
     ALock,
-    AWakeLatch,
-    AWaker,
-    AWorker,
+    ASpawned,
     ajoin,
     aspawn,
+    await_event,
     is_async,
 )
+from alkstore.errors import AlkstoreError, EngineError, StoreClosedError
+from alkstore_postgres._acompat import AWakeLatch, AWaker
 from alkstore_postgres._connection import drop_inherited, engine_error
 from alkstore_postgres._database_async import AsyncConn
 from alkstore_postgres._watchdog import Watchdog
@@ -127,7 +127,7 @@ class AsyncListener:
         self._check = False
         self._stopped = False
         self._start_lock = ALock()
-        self._worker: AWorker | None = None
+        self._worker: ASpawned | None = None
         self._waker: AWaker | None = None
         # The listener's latest connection (for a forked child to drop).
         self._conn: AsyncConn | None = None
@@ -161,7 +161,7 @@ class AsyncListener:
             await self._start()
             self._poke()
             async with self._cond:
-                synced = await self._cond.wait_for_timeout(
+                synced = await self._cond.wait_for(
                     lambda: self._synced >= target or self._stopped, _SYNC_TIMEOUT_S
                 )
         except BaseException:
@@ -459,7 +459,7 @@ class _Result(Generic[T]):
             self._done.set()
 
     async def wait(self, timeout_s: float) -> T:
-        if not await self._done.wait_timeout(timeout_s):
+        if not await await_event(self._done, timeout_s):
             raise EngineError(f"the listener did not answer within {timeout_s} s")
         if self._error is not None:
             raise self._error

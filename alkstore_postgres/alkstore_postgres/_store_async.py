@@ -25,8 +25,8 @@ from alkstore.engine import (
     check_engine_options,
     check_schema_version,
 )
+from alkstore.engine_async import is_async
 from alkstore_postgres import _operations_async, _schedules_async, _schema, _vacuum_async
-from alkstore_postgres._acompat import is_async
 from alkstore_postgres._clock_async import AsyncServerClock
 from alkstore_postgres._clock_sample import SAMPLE_CLOCK
 from alkstore_postgres._compact_async import AsyncCompactor

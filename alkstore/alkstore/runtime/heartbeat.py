@@ -19,9 +19,9 @@ import math
 import time
 from collections.abc import Callable
 
+from alkstore._acompat import Condition, Lock, Spawned, join, spawn
 from alkstore.contract.handle import JobHandle
 from alkstore.errors import EngineError, StoreClosedError
-from alkstore.runtime._acompat import Condition, Lock, Spawned, gather, spawn
 from alkstore.runtime.lease import Lease, gone_while_held, store_now
 
 __all__ = ["HEARTBEAT_FRACTION", "Heartbeater"]
@@ -162,16 +162,18 @@ class Heartbeater:
 
     def start(self) -> None:
         """Start beating in the background."""
-        self._runner = spawn(self._run, self._name)
+        self._runner = spawn(self._run, name=self._name)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop sending beats (running jobs then lapse) and wait up to
-        ``timeout_s`` seconds for the background work to end."""
+        ``timeout_s`` seconds for the background work to end; in the async
+        form, a task still running then is cancelled and waited for up to
+        ``timeout_s`` seconds more."""
         with self._cond:
             self._stopping = True
             self._cond.notify()
         if self._runner is not None:
-            gather(self._runner, timeout_s)
+            join(self._runner, timeout_s)
 
     def _run(self) -> None:
         # stop() sets _stopping and notifies: the next pass sees it.
@@ -192,6 +194,9 @@ class Heartbeater:
                     self._changed = False
                     continue
                 self._wake_at = self._monotonic() + wait_s
-                self._cond.wait(None if math.isinf(wait_s) else wait_s)
+                self._cond.wait_for(
+                    lambda: self._stopping or self._changed,
+                    None if math.isinf(wait_s) else wait_s,
+                )
                 self._wake_at = math.inf
                 self._changed = False

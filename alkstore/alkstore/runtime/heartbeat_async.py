@@ -17,9 +17,9 @@ import math
 import time
 from collections.abc import Callable
 
+from alkstore._acompat_async import ACondition, ALock, ASpawned, ajoin, aspawn, is_async
 from alkstore.contract.handle_async import AsyncJobHandle
 from alkstore.errors import EngineError, StoreClosedError
-from alkstore.runtime._acompat_async import ACondition, ALock, ASpawned, agather, aspawn
 from alkstore.runtime.lease_async import AsyncLease, gone_while_held, store_now
 
 __all__ = ["HEARTBEAT_FRACTION", "AsyncHeartbeater"]
@@ -160,16 +160,23 @@ class AsyncHeartbeater:
 
     def start(self) -> None:
         """Start beating in the background."""
-        self._runner = aspawn(self._run, self._name)
+        self._runner = aspawn(self._run, name=self._name)
 
     async def stop(self, timeout_s: float = 5.0) -> None:
         """Stop sending beats (running jobs then lapse) and wait up to
-        ``timeout_s`` seconds for the background work to end."""
+        ``timeout_s`` seconds for the background work to end; in the async
+        form, a task still running then is cancelled and waited for up to
+        ``timeout_s`` seconds more."""
         async with self._cond:
             self._stopping = True
             self._cond.notify()
         if self._runner is not None:
-            await agather(self._runner, timeout_s)
+            await ajoin(self._runner, timeout_s)
+            if is_async():
+                # A task still running is cancelled, and given as long again
+                # to end (a no-op for one that ended); a thread cannot be.
+                self._runner.cancel()
+                await ajoin(self._runner, timeout_s)
 
     async def _run(self) -> None:
         # stop() sets _stopping and notifies: the next pass sees it.
@@ -190,6 +197,9 @@ class AsyncHeartbeater:
                     self._changed = False
                     continue
                 self._wake_at = self._monotonic() + wait_s
-                await self._cond.wait_timeout(None if math.isinf(wait_s) else wait_s)
+                await self._cond.wait_for(
+                    lambda: self._stopping or self._changed,
+                    None if math.isinf(wait_s) else wait_s,
+                )
                 self._wake_at = math.inf
                 self._changed = False

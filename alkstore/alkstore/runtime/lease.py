@@ -27,10 +27,10 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TypeVar
 
+from alkstore._acompat import Event, sleep, wait_event
 from alkstore.contract.handle import JobHandle
 from alkstore.contract.job import MAX_ATTEMPTS_EXCEEDED
 from alkstore.errors import EngineError
-from alkstore.runtime._acompat import Event, sleep, wait_event
 
 __all__ = ["Lease", "gone_while_held", "retry_or_bury", "store_now", "write_while_held"]
 

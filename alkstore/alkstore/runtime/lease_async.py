@@ -25,10 +25,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TypeVar
 
+from alkstore._acompat_async import AEvent, asleep, await_event
 from alkstore.contract.handle_async import AsyncJobHandle
 from alkstore.contract.job import MAX_ATTEMPTS_EXCEEDED
 from alkstore.errors import EngineError
-from alkstore.runtime._acompat_async import AEvent, asleep, await_event
 
 __all__ = ["AsyncLease", "gone_while_held", "retry_or_bury", "store_now", "write_while_held"]
 

@@ -10,9 +10,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from alkstore._acompat import Event, wait_event
 from alkstore.errors import EngineError, ValidationError
 from alkstore.logic import validation as v
-from alkstore.runtime._acompat import Event, caller, wait_event
+from alkstore.runtime._caller import caller
 from alkstore.runtime.heartbeat import Heartbeater
 from alkstore.runtime.lease import Lease, retry_or_bury, write_while_held
 from alkstore.runtime.outcome import describe_exception
@@ -35,7 +36,7 @@ _STOP_SLICE_S = 0.1
 #: plain function or a coroutine function (``async def``), whose coroutine
 #: is awaited (docs/outbox.md).
 Send = Callable[[Any], object]
-#: A relay's call of ``send`` on one message (:func:`~alkstore.runtime._acompat.caller`).
+#: A relay's call of ``send`` on one message (:func:`~alkstore.runtime._caller.caller`).
 _Deliver = Callable[[Any], object]
 
 

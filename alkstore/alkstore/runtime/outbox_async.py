@@ -8,9 +8,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from alkstore._acompat_async import AEvent, await_event
 from alkstore.errors import EngineError, ValidationError
 from alkstore.logic import validation as v
-from alkstore.runtime._acompat_async import AEvent, acaller, await_event
+from alkstore.runtime._caller_async import acaller
 from alkstore.runtime.heartbeat_async import AsyncHeartbeater
 from alkstore.runtime.lease_async import AsyncLease, retry_or_bury, write_while_held
 from alkstore.runtime.outcome import describe_exception
@@ -33,7 +34,7 @@ _STOP_SLICE_S = 0.1
 #: plain function or a coroutine function (``async def``), whose coroutine
 #: is awaited (docs/outbox.md).
 Send = Callable[[Any], object]
-#: A relay's call of ``send`` on one message (:func:`~alkstore.runtime._acompat_async.acaller`).
+#: A relay's call of ``send`` on one message (:func:`~alkstore.runtime._caller_async.acaller`).
 _Deliver = Callable[[Any], Awaitable[object]]
 
 

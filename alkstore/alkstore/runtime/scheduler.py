@@ -9,6 +9,7 @@ import logging
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from alkstore._acompat import Event, wait_event
 from alkstore.contract.schedule import UnreadableSchedule
 from alkstore.contract.store import check_store
 from alkstore.errors import EngineError, StoreClosedError, ValidationError
@@ -16,7 +17,6 @@ from alkstore.logic import validation as v
 from alkstore.logic.codec import EncodedPayload
 from alkstore.logic.cron import parse_schedule
 from alkstore.logic.resolution import EnqueueOptions, resolve
-from alkstore.runtime._acompat import Event, wait_event
 
 if TYPE_CHECKING:
     from alkstore.contract.schedule import Schedule

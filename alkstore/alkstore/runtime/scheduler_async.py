@@ -7,6 +7,7 @@ import logging
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from alkstore._acompat_async import AEvent, await_event
 from alkstore.contract.schedule import UnreadableSchedule
 from alkstore.contract.store_async import check_async_store
 from alkstore.errors import EngineError, StoreClosedError, ValidationError
@@ -14,7 +15,6 @@ from alkstore.logic import validation as v
 from alkstore.logic.codec import EncodedPayload
 from alkstore.logic.cron import parse_schedule
 from alkstore.logic.resolution import EnqueueOptions, resolve
-from alkstore.runtime._acompat_async import AEvent, await_event
 
 if TYPE_CHECKING:
     from alkstore.contract.schedule import Schedule

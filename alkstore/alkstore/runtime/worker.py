@@ -54,7 +54,7 @@ from alkstore.contract.handle import MAX_ATTEMPTS_EXCEEDED, JobHandle
 from alkstore.errors import EngineError, StoreClosedError, ValidationError
 from alkstore.logic import validation as v
 from alkstore.logic.callbacks import NotRunError, call_async, call_sync, handler_kind
-from alkstore.runtime._acompat import coroutines_on
+from alkstore.runtime._caller import coroutines_on
 from alkstore.runtime.completer import Completer
 from alkstore.runtime.heartbeat import Heartbeater
 from alkstore.runtime.lease import Lease, gone_while_held, write_while_held

@@ -1,21 +1,22 @@
-"""Thread primitives paired with the asyncio ones of
-:mod:`alkstore.runtime._acompat_async`, for the runtime modules generated
-from async sources by ``tools/async_to_sync.py`` (psycopg_pool's
-``_acompat.py``): the async source writes ``AEvent``, ``aspawn``,
-``asleep`` ...; the generated sync module imports the names here instead.
+"""How sync runtime code calls an application's callable that may be
+async (an outbox relay's ``send``): :func:`caller`, the thread twin of
+:func:`alkstore.runtime._caller_async.acaller`, which the sync modules
+``tools/async_to_sync.py`` generates from the runtime's async sources use;
+and :func:`coroutines_on`, which binds a thread's async callables to a
+running event loop (the worker's, for its relay threads).
+
+An async callable given to sync code runs on an event loop: the one the
+calling thread is bound to, else one :func:`caller` owns. The generic
+thread/task pairs are :mod:`alkstore._acompat`'s.
 
 No asyncio import at module level: ``import alkstore`` imports this module
-(docs/async.md). An async callable given to sync code (an outbox relay's
-``send``) runs on an event loop: the worker's when the calling thread is
-bound to one (:func:`coroutines_on`), else one :func:`caller` owns.
+(docs/async.md).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -25,57 +26,13 @@ from alkstore.logic.callbacks import call_async, call_sync, handler_kind
 if TYPE_CHECKING:
     import asyncio
 
-__all__ = [
-    "Condition",
-    "Event",
-    "Lock",
-    "Spawned",
-    "caller",
-    "coroutines_on",
-    "gather",
-    "sleep",
-    "spawn",
-    "wait_event",
-]
-
-Event = threading.Event
-Lock = threading.Lock
-Spawned = threading.Thread
-sleep = time.sleep
+__all__ = ["caller", "coroutines_on"]
 
 #: The event loop the async callables of this thread's sync code run on
 #: (set by a worker for its relay threads); ``None``: a loop of their own.
 _LOOP: contextvars.ContextVar[asyncio.AbstractEventLoop | None] = contextvars.ContextVar(
     "alkstore_loop", default=None
 )
-
-
-class Condition(threading.Condition):
-    """:class:`threading.Condition` with :meth:`wait_timeout`, the name its
-    asyncio twin waits with."""
-
-    def wait_timeout(self, timeout_s: float | None) -> bool:
-        """Wait for a notification, at most ``timeout_s`` seconds (``None``:
-        no limit); ``False`` on timeout."""
-        return self.wait(timeout_s)
-
-
-def wait_event(event: threading.Event, timeout_s: float) -> bool:
-    """Wait until ``event`` is set, at most ``timeout_s`` seconds; return
-    whether it is set."""
-    return event.wait(timeout_s)
-
-
-def spawn(target: Callable[[], object], name: str) -> threading.Thread:
-    """Run ``target`` on a new daemon thread named ``name``."""
-    thread = threading.Thread(target=target, name=name, daemon=True)
-    thread.start()
-    return thread
-
-
-def gather(thread: threading.Thread, timeout_s: float) -> None:
-    """Wait up to ``timeout_s`` seconds for ``thread`` to end."""
-    thread.join(timeout_s)
 
 
 @contextlib.contextmanager
