@@ -47,7 +47,14 @@ own worker, as its users run it (issue 12, "Targets (benchmarks)"):
   ``alkstore.open_async``'s store. Target: no report (no alkstore call holds
   the loop 5 ms). A loop with nothing on it but a 1 ms sleep is watched as
   long in a fresh process, and its reports (the machine's, the process
-  descheduled) are printed under the table.
+  descheduled) are printed under the table. So is, for each row, how many
+  reported callbacks used 5 ms of the loop thread's CPU time
+  (``time.thread_time`` around each callback): a report whose thread used
+  less is a loop whose thread was not running, the OS running another
+  process (the database server shares the host's cores) or another thread
+  of the process holding the GIL; and how many of those overlapped one of
+  the garbage collector's full collections (``gc.callbacks``, generation
+  2), which stop every thread of the process whoever starts them.
 
 The async worker and async tasks (``@app.task`` on an ``async def``,
 ``Task.aenqueue``, ``Worker.run_async``, ``App.astore``) are newer than this
@@ -61,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import inspect
 import logging
 import os
@@ -113,7 +121,7 @@ WARMUP = 5
 
 #: A loop-blocking measurement: reports over ``SLOW_S``, the longest (ms),
 #: that callback's text, and the seconds watched.
-LoopReport = tuple[int, float, str, float]
+LoopReport = tuple[int, float, str, float, int, int, float]
 
 
 @dataclass
@@ -388,13 +396,26 @@ def alk_wake_async_worker(url: str, samples: int, warmup: int) -> list[float]:
 
 class SlowCallbacks(logging.Handler):
     """asyncio's debug-mode reports, "Executing <Handle ...> took X seconds",
-    as logged on the ``asyncio`` logger (``BaseEventLoop._run_once``)."""
+    as logged on the ``asyncio`` logger (``BaseEventLoop._run_once``), which
+    time a callback by the wall clock; beside them, what each slow one cost
+    the loop's thread in CPU time (``time.thread_time``), and the garbage
+    collector's full collections (generation 2) meanwhile. A report whose
+    thread used little CPU is a loop whose thread was not running: the OS
+    ran something else (on a host whose cores the database server shares),
+    or another thread of the process held the GIL. A full collection stops
+    every thread of the process, whoever triggered it."""
 
     def __init__(self) -> None:
         super().__init__()
         self.durations: list[float] = []
         self.worst = ""
         self.began = time.perf_counter()
+        #: Each slow callback's (start, end) wall-clock seconds and its CPU.
+        self.slow: list[tuple[float, float, float]] = []
+        #: Each full collection's (start, end), wall-clock seconds.
+        self.collections: list[tuple[float, float]] = []
+        self._collecting = 0.0
+        self._run = asyncio.events.Handle._run
 
     def emit(self, record: logging.LogRecord) -> None:
         args = record.args
@@ -403,6 +424,14 @@ class SlowCallbacks(logging.Handler):
             if not self.durations or took > max(self.durations):
                 self.worst = str(args[0])
             self.durations.append(took)
+
+    def _gc(self, phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._collecting = time.time()
+        else:
+            self.collections.append((self._collecting, time.time()))
 
     @classmethod
     def watch(cls) -> SlowCallbacks:
@@ -413,17 +442,46 @@ class SlowCallbacks(logging.Handler):
         loop.slow_callback_duration = SLOW_S
         handler = cls()
         logging.getLogger("asyncio").addHandler(handler)
+        gc.callbacks.append(handler._gc)
+        run = handler._run
+
+        def timed(callback: asyncio.Handle) -> None:
+            began, cpu = time.time(), time.thread_time()
+            run(callback)
+            if time.time() - began >= SLOW_S:
+                handler.slow.append((began, time.time(), time.thread_time() - cpu))
+
+        asyncio.events.Handle._run = timed  # type: ignore[method-assign]
         return handler
 
     def report(self) -> LoopReport:
-        """How many callbacks held the loop ``SLOW_S`` or longer, the longest
-        (ms), which (:func:`callback_text`), and the seconds watched. The
-        loop's own teardown, after this, is not watched."""
+        """How many callbacks held the loop ``SLOW_S`` or longer by the wall
+        clock (asyncio's reports), the longest (ms), which
+        (:func:`callback_text`), the seconds watched; how many of those used
+        ``SLOW_S`` of the loop thread's CPU, how many of these overlapped a
+        full collection, and the longest full collection (ms). The loop's own
+        teardown, after this, is not watched."""
+        asyncio.events.Handle._run = self._run  # type: ignore[method-assign]
         logging.getLogger("asyncio").removeHandler(self)
+        gc.callbacks.remove(self._gc)
         asyncio.get_running_loop().slow_callback_duration = 3600.0
         worst = max(self.durations, default=0.0) * 1000
         seconds = time.perf_counter() - self.began
-        return len(self.durations), worst, callback_text(self.worst), seconds
+        busy = [(start, end) for start, end, cpu in self.slow if cpu >= SLOW_S]
+        during_gc = sum(
+            any(start < gc_end and gc_start < end for gc_start, gc_end in self.collections)
+            for start, end in busy
+        )
+        longest_gc = max((end - start for start, end in self.collections), default=0.0) * 1000
+        return (
+            len(self.durations),
+            worst,
+            callback_text(self.worst),
+            seconds,
+            len(busy),
+            during_gc,
+            longest_gc,
+        )
 
 
 def callback_text(handle: str) -> str:
@@ -778,18 +836,35 @@ def loop_rows(bench: Bench) -> None:
         if got is None:
             bench.table.add(Row(scenario, "count", {}, "0", "?"))
             continue
-        count, worst, handle, seconds = got
-        idle, idle_worst, _, _ = in_child(loop_idle, seconds)
+        count, worst, handle, seconds, busy, during_gc, longest_gc = got
+        idle, idle_worst, *_ = in_child(loop_idle, seconds)
         if count:
             scenario += f" (worst {worst:.1f} ms)"
         bench.systems.notes.append(
             f"loop blocking, {variant}: {count} report(s) in {seconds:.1f} s"
             + (f", the worst {handle}" if count else "")
+            + (
+                f"; {busy} of them used {SLOW_S * 1000:g} ms of the loop thread's CPU,"
+                f" {during_gc} of these during a full garbage collection"
+                f" (the longest {longest_gc:.1f} ms); the others' threads were not running"
+                if count
+                else ""
+            )
             + f"; an idle loop watched as long (the machine's share): {idle} report(s)"
             + (f", the worst {idle_worst:.1f} ms" if idle else "")
         )
         verdict = "ok" if not count else "MISS"
         bench.table.add(Row(scenario, "count", {"alkstore": count}, "0", verdict))
+        own = busy - during_gc
+        bench.table.add(
+            Row(
+                f"  of which {SLOW_S * 1000:g} ms of the loop thread's CPU, outside a full GC",
+                "count",
+                {"alkstore": own},
+                "0",
+                "ok" if not own else "MISS",
+            )
+        )
 
 
 def run(bench: Bench) -> None:
