@@ -146,6 +146,7 @@ NAMES = {
     "ajoin": "join",
     "asleep": "sleep",  # in code only (CODE_ONLY)
     "await_event": "wait_event",
+    "aoff_loop": "off_loop",
     # The runtime's: alkstore/alkstore/runtime/_caller_async.py and _caller.py.
     "acaller": "caller",
     # The PostgreSQL engine's: alkstore_postgres/alkstore_postgres/_acompat.py.

@@ -40,7 +40,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 __all__ = [
     "Condition",
@@ -48,10 +48,13 @@ __all__ = [
     "Lock",
     "Spawned",
     "join",
+    "off_loop",
     "sleep",
     "spawn",
     "wait_event",
 ]
+
+T = TypeVar("T")
 
 Lock = threading.Lock
 Event = threading.Event
@@ -81,3 +84,10 @@ def join(spawned: Spawned, timeout_s: float) -> bool:
     whether it did."""
     spawned.join(timeout_s)
     return not spawned.is_alive()
+
+
+def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, here: the twin of :func:`~alkstore._acompat_async.aoff_loop`,
+    which runs it on a thread so as not to hold an event loop (a first use
+    that imports a module or reads a file, such as a time zone's)."""
+    return fn(*args)

@@ -23,6 +23,7 @@ __all__ = [
     "ALock",
     "ASpawned",
     "ajoin",
+    "aoff_loop",
     "asleep",
     "aspawn",
     "await_event",
@@ -105,3 +106,11 @@ async def ajoin(spawned: ASpawned, timeout_s: float) -> bool:
     would be (cancel it under ``if is_async():``)."""
     done, _ = await asyncio.wait({spawned}, timeout=timeout_s)
     return bool(done)
+
+
+async def aoff_loop(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on a thread (``asyncio.to_thread``), the loop waiting
+    unblocked: for work that is short but may touch files on its first use
+    (a module's import, a time zone's data), which must not hold the loop.
+    Its twin :func:`~alkstore._acompat.off_loop` calls ``fn`` in place."""
+    return await asyncio.to_thread(fn, *args)

@@ -311,6 +311,96 @@ def test_closing_the_store_releases_a_waiting_subscription(url: str) -> None:
     run(main())
 
 
+def test_a_store_over_a_store_its_owner_closed_counts_as_closed(url: str) -> None:
+    """``owns_store=False`` (an app's async store over the app's given
+    store): once the owner closes the sync store, the async one is closed
+    too, by its flag as by its operations, so the loops that stop on a
+    closed store stop: ``AsyncScheduler.run`` raises ``StoreClosedError``
+    as ``Scheduler.run`` does."""
+    given = alkstore.open(url)
+
+    async def main() -> bool:
+        astore = threaded.threaded_over(given, owns_store=False, max_threads=2)
+        assert not astore.closed
+        ticking = asyncio.create_task(alkstore.AsyncScheduler(astore).run(interval_s=0.05))
+        await asyncio.sleep(0)  # it ticks
+        given.close()
+        with pytest.raises(StoreClosedError):
+            await astore.queue("q").stats()
+        with pytest.raises(StoreClosedError):
+            await asyncio.wait_for(ticking, 10)
+        closed = astore.closed
+        await astore.close()
+        return closed
+
+    assert run(main()) is True
+
+
+def test_closing_a_subscription_after_its_store_is_quiet(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As on the sync store: the store's close closed it; closing it again
+    neither raises nor logs."""
+
+    async def main() -> None:
+        store = await alkstore.open_async(url)
+        sub = await store.listen("q")
+        await store.close()
+        await sub.close()
+        with pytest.raises(StoreClosedError):
+            await sub.wait(0)
+
+    with caplog.at_level(logging.WARNING, logger="alkstore"):
+        run(main())
+    assert caplog.records == []
+
+
+# A fresh interpreter (no zone's data cached, no module of the cron yet):
+# an audit hook records the files opened by the event loop's thread while
+# a schedule is saved and ticked through the async surface.
+_SCHEDULE_ON_THE_LOOP = """
+import asyncio, sys, threading
+from datetime import UTC, datetime, timedelta
+import alkstore
+from alkstore_contract_tests import ManualClock
+
+seen, watching = [], []
+def hook(event, args):
+    if watching and event in ("open", "os.listdir", "os.scandir") and (
+        threading.current_thread() is watching[0]
+    ):
+        seen.append(f"{event} {args[0]}")
+sys.addaudithook(hook)
+
+async def main():
+    clock = ManualClock(datetime(2030, 1, 1, tzinfo=UTC))
+    async with alkstore.open_async(sys.argv[1], clock=clock) as store:
+        watching.append(threading.current_thread())
+        await store.schedule("s", "0 9 * * *", "q", 1, timezone="Asia/Tokyo")
+        clock.advance(timedelta(days=1))
+        fired = await alkstore.AsyncScheduler(store).tick()
+        watching.clear()
+        return fired
+
+print(asyncio.run(main()), seen)
+"""
+
+
+def test_saving_and_ticking_a_schedule_reads_no_file_on_the_loop(url: str) -> None:
+    """A zone's first use reads its data, and the cron module's first use
+    imports it: ``AsyncStore.schedule`` and ``AsyncScheduler.tick`` do that
+    off the event loop."""
+    done = subprocess.run(
+        [sys.executable, "-c", _SCHEDULE_ON_THE_LOOP, url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[1] []"
+
+
 # -- open_async ---------------------------------------------------------------
 
 
@@ -342,6 +432,41 @@ def test_open_async_raises_the_engines_errors_on_await(tmp_path: Path) -> None:
                 pass
 
     run(main())
+
+
+def test_a_store_opened_after_open_async_was_cancelled_is_closed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The factory runs on a thread: a cancelled ``open_async`` cannot stop
+    it, so the store it opens after the cancellation is closed, and nothing
+    is left for asyncio to report."""
+    opening, release = threading.Event(), threading.Event()
+    opened: list[Store] = []
+
+    def slow_factory(url: str, **options: Any) -> Store:
+        opening.set()
+        assert release.wait(30)  # a slow open (connecting, migrating)
+        store = alkstore.open(f"sqlite:///{tmp_path / 'slow.db'}", **options)
+        opened.append(store)
+        return store
+
+    alkstore.register("slow-test", slow_factory)
+
+    async def main() -> None:
+        task = asyncio.create_task(alkstore.open_async("slow-test://x"))  # type: ignore[arg-type]
+        assert await asyncio.to_thread(opening.wait, 30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()
+        deadline = asyncio.get_running_loop().time() + 30
+        while not (opened and opened[0].closed):
+            assert asyncio.get_running_loop().time() < deadline, "the store was left open"
+            await asyncio.sleep(0.01)
+
+    with caplog.at_level(logging.ERROR):
+        run(main())
+    assert [r.getMessage() for r in caplog.records] == []
 
 
 def test_an_engine_with_native_async_is_used(tmp_path: Path) -> None:

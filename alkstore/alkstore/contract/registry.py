@@ -257,10 +257,11 @@ def _threaded_opener() -> Callable[..., Coroutine[Any, Any, AsyncStore]]:
     return open_threaded
 
 
-class AsyncOpen:
+class AsyncOpen(Coroutine[Any, Any, AsyncStore]):
     """What :func:`open_async` returns: await it for the store, or use it
     as ``async with`` (the store is closed on exit), as asyncpg's
-    ``create_pool``. Either, once."""
+    ``create_pool``. Either, once. It is a coroutine, so
+    ``asyncio.create_task(alkstore.open_async(url))`` works too."""
 
     __slots__ = ("_opening", "_store")
 
@@ -270,6 +271,15 @@ class AsyncOpen:
 
     def __await__(self) -> Generator[Any, None, AsyncStore]:
         return self._opening.__await__()
+
+    def send(self, value: Any) -> Any:
+        return self._opening.send(value)
+
+    def throw(self, *args: Any) -> Any:
+        return self._opening.throw(*args)
+
+    def close(self) -> None:
+        self._opening.close()
 
     async def __aenter__(self) -> AsyncStore:
         self._store = await self._opening

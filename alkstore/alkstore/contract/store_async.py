@@ -26,6 +26,7 @@ from alkstore.logic.resolution import enqueue_options as check_enqueue_options
 if TYPE_CHECKING:
     from alkstore.contract.queue_async import AsyncQueue
     from alkstore.contract.subscription_async import AsyncSubscription
+    from alkstore.logic.cron import ScheduleSpec
 
 __all__ = ["AsyncStore", "check_async_store"]
 
@@ -207,12 +208,14 @@ class AsyncStore(abc.ABC):
             ``ValidationError`` for a bad name, spec, zone, queue, payload,
             policy or option, before anything is written.
         """
+        from alkstore._acompat_async import aoff_loop
         from alkstore.contract.queue_async import AsyncQueue
-        from alkstore.logic.cron import parse_schedule
 
         self._check_open()
         v.queue_name(name, "schedule name")
-        parsed = parse_schedule(spec, timezone)
+        # The first use imports the cron module and reads the zone's data:
+        # not on an event loop.
+        parsed = await aoff_loop(_parse_schedule, spec, timezone)
         if isinstance(queue, AsyncQueue):
             if queue.store is not self:
                 raise ValidationError("queue must be a queue of this store")
@@ -438,6 +441,14 @@ class AsyncStore(abc.ABC):
         counts from whoever ran it last.
         PostgreSQL holds an advisory lock for the block; SQLite a file lock
         beside the database."""
+
+
+def _parse_schedule(spec: str, timezone: str) -> ScheduleSpec:
+    """:func:`alkstore.logic.cron.parse_schedule`, imported at its first use
+    (``import alkstore`` does not import the cron module)."""
+    from alkstore.logic.cron import parse_schedule
+
+    return parse_schedule(spec, timezone)
 
 
 def check_async_store(store: object, what: str) -> AsyncStore:

@@ -38,6 +38,10 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
+# Loaded with the adapter, so that the async ABCs' lazy import of it (for
+# their first-use work off the loop, AsyncStore.schedule) reads no file on
+# an event loop.
+import alkstore._acompat_async  # noqa: F401
 from alkstore.contract.handle import JobHandle
 from alkstore.contract.handle_async import AsyncJobHandle
 from alkstore.contract.job import Job, QueueStats, SweepResult
@@ -122,6 +126,14 @@ class ThreadedAsyncStore(AsyncStore):
         # the server's): then even the clock read goes to a thread.
         self._now_is_pure = store._clock_injected or type(store)._engine_now is Store._engine_now
         self._subscriptions: weakref.WeakSet[ThreadedAsyncSubscription] = weakref.WeakSet()
+
+    @property
+    def closed(self) -> bool:
+        """Whether this store or the sync store under it was closed (by
+        its owner, for a store made with ``owns_store=False``): every
+        operation then raises ``StoreClosedError``, and loops that stop on
+        a closed store (``AsyncOutbox.relay``, ``AsyncScheduler.run``) stop."""
+        return self._closed or self._sync.closed
 
     @property
     def sync_store(self) -> Store:
@@ -351,7 +363,7 @@ def _nothing() -> None:
     pass
 
 
-def _retrieve(future: asyncio.Future[bool]) -> None:
+def _retrieve(future: asyncio.Future[Any]) -> None:
     # A wait whose waiter went away may end in an error nobody awaits:
     # reading it here keeps asyncio from logging it as never retrieved.
     if not future.cancelled():
@@ -406,9 +418,12 @@ class ThreadedAsyncSubscription(AsyncSubscription):
 
     async def _close(self) -> None:
         try:
-            # On the store's pool: this subscription's thread may be blocked
-            # in a wait, which the sync close releases.
-            await self._threaded._run(self._sync.close)
+            # A closed store closed this subscription's sync half already
+            # (_close_owned), and its pool takes no more work.
+            if not self._threaded.closed:
+                # On the store's pool: this subscription's thread may be
+                # blocked in a wait, which the sync close releases.
+                await self._threaded._run(self._sync.close)
         finally:
             self._executor.shutdown(wait=False)
 
@@ -490,13 +505,19 @@ async def open_threaded(
         if native is not None:
             return native
         store = factory(url, **engine_options)
-        _start_threads(executor, max_threads)
+        # RuntimeError: the pool was shut down, the opening cancelled
+        # meanwhile; the store goes back all the same, to be closed
+        # (_close_opened).
+        with contextlib.suppress(RuntimeError):
+            _start_threads(executor, max_threads)
         return store
 
     opening = executor.submit(find_and_open)
+    waited = asyncio.wrap_future(opening)
     try:
-        opened = await asyncio.shield(asyncio.wrap_future(opening))
+        opened = await asyncio.shield(waited)
     except asyncio.CancelledError:
+        waited.add_done_callback(_retrieve)  # nobody awaits it now
         opening.add_done_callback(_close_opened)
         executor.shutdown(wait=False)
         raise

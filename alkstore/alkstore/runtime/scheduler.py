@@ -9,7 +9,7 @@ import logging
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from alkstore._acompat import Event, wait_event
+from alkstore._acompat import Event, off_loop, wait_event
 from alkstore.contract.schedule import UnreadableSchedule
 from alkstore.contract.store import check_store
 from alkstore.errors import EngineError, StoreClosedError, ValidationError
@@ -130,7 +130,8 @@ class Scheduler:
 
     def _tick_one(self, schedule: Schedule, now: datetime) -> int | None:
         """Fire or skip one due schedule; the job id when it fired."""
-        spec = parse_schedule(schedule.spec, schedule.timezone)
+        # A zone's first use reads its data: not on an event loop.
+        spec = off_loop(parse_schedule, schedule.spec, schedule.timezone)
         boundary = spec.latest_at_or_before(now) or schedule.next_run_at
         boundary = max(boundary, schedule.next_run_at)
         next_run_at = spec.next_after(now)

@@ -7,7 +7,7 @@ import logging
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from alkstore._acompat_async import AEvent, await_event
+from alkstore._acompat_async import AEvent, aoff_loop, await_event
 from alkstore.contract.schedule import UnreadableSchedule
 from alkstore.contract.store_async import check_async_store
 from alkstore.errors import EngineError, StoreClosedError, ValidationError
@@ -130,7 +130,8 @@ class AsyncScheduler:
 
     async def _tick_one(self, schedule: Schedule, now: datetime) -> int | None:
         """Fire or skip one due schedule; the job id when it fired."""
-        spec = parse_schedule(schedule.spec, schedule.timezone)
+        # A zone's first use reads its data: not on an event loop.
+        spec = await aoff_loop(parse_schedule, schedule.spec, schedule.timezone)
         boundary = spec.latest_at_or_before(now) or schedule.next_run_at
         boundary = max(boundary, schedule.next_run_at)
         next_run_at = spec.next_after(now)
