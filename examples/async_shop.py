@@ -7,7 +7,7 @@ and reserves the stock, all in one PostgreSQL transaction on the app's own
 with 409 and the transaction rolls back, so neither the order nor its job
 exists (docs/async.md, docs/contract.md §3 "Transactional enqueue").
 ``fulfil`` is an ``async def`` task: it records the order's shipment and
-marks it shipped through the app's async connection pool. The worker runs inside
+marks it shipped on an ``AsyncConnection`` of its own. The worker runs inside
 the web server's event loop (``worker.run_async()`` in the lifespan), so
 the web process works off its own jobs; ``GET /orders/{id}`` shows an
 order, ``GET /jobs`` the queue's counts. Run it from the repository's
@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import re
 from collections.abc import AsyncIterator
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI, HTTPException
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
@@ -68,9 +70,10 @@ def shop(query: str) -> sql.Composed:
 @app.task(queue="fulfilment", max_attempts=5)
 async def fulfil(order_id: int) -> None:
     """Ship an order: record its shipment and mark it shipped, real I/O on
-    the event loop through the shop's async pool. Idempotent (a job runs at
-    least once): shipping a shipped order changes nothing."""
-    async with pool().connection() as conn, conn.transaction():
+    the event loop. Idempotent (a job runs at least once): shipping a
+    shipped order changes nothing. A connection of its own, so that it runs
+    in any worker: the web server's, or ``alkstore worker`` beside it."""
+    async with await psycopg.AsyncConnection.connect(URL) as conn, conn.transaction():
         await conn.execute(
             shop("INSERT INTO {}.shipments (order_id) VALUES (%s) ON CONFLICT DO NOTHING"),
             (order_id,),
@@ -128,6 +131,10 @@ async def lifespan(web_app: FastAPI) -> AsyncIterator[None]:
             "set ALKSTORE_URL to a PostgreSQL URL: the shop writes its orders and "
             "their jobs in one PostgreSQL transaction"
         )
+    # Each job's outcome is an INFO record of the "alkstore.worker" logger;
+    # the server configures only its own loggers.
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
     shop_pool = AsyncConnectionPool(URL, min_size=1, max_size=8, open=False)
     await shop_pool.open(wait=True)
     POOLS.append(shop_pool)

@@ -158,6 +158,7 @@ NAMES = {
     # article.
     "an asyncio.Event": "a threading.Event",
     "an AsyncQueue": "a Queue",
+    "an AsyncStore": "a Store",
 }
 
 #: Keys of :data:`NAMES` that are also English words: renamed in code (names

@@ -96,7 +96,7 @@ def test_call_async_awaits_once_and_refuses_what_is_left() -> None:
         return "ran"
 
     assert asyncio.run(call_async(returns_a_value, "a task", [], {})) == "ran"
-    with pytest.raises(NotRunError, match="returned a coroutine instead of running"):
+    with pytest.raises(NotRunError, match="await the coroutine inside it"):
         asyncio.run(call_async(returns_a_coroutine, "a task", [], {}))
 
 

@@ -148,3 +148,29 @@ def test_orders_and_their_jobs_commit_together_and_every_order_ships(
     # stopped by SIGTERM does, once its lifespan (and so the worker) ended.
     assert server.process.returncode in (0, -signal.SIGTERM), out
     assert "Application shutdown complete" in out
+    assert "stopped: 3 succeeded, 0 retried, 0 dead" in out  # the server's worker
+
+    # More workers can join: `alkstore worker` runs the same task alone.
+    env = {**os.environ, "ALKSTORE_URL": postgres_url, "SHOP_SCHEMA": schema}
+    with psycopg.connect(postgres_url) as conn:
+        row = conn.execute(
+            f"INSERT INTO {schema}.orders (item, quantity) VALUES ('coffee', 1) RETURNING id"
+        ).fetchone()
+    assert row is not None
+    examples = ROOT / "examples"
+    enqueue = f"import async_shop; async_shop.fulfil.enqueue({row[0]})"
+    subprocess.run([sys.executable, "-c", enqueue], cwd=examples, env=env, check=True)
+    worker = subprocess.run(
+        [sys.executable, "-m", "alkstore", "worker", "async_shop:app", "--burst"],
+        cwd=examples,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        check=False,
+    )
+    assert worker.returncode == 0, worker.stderr
+    assert "stopped: 1 succeeded, 0 retried, 0 dead" in worker.stderr
+    with psycopg.connect(postgres_url) as conn:
+        status = conn.execute(f"SELECT status FROM {schema}.orders WHERE id = %s", row).fetchone()
+    assert status == ("shipped",)

@@ -460,5 +460,6 @@ def check_store(store: object, what: str) -> Store:
         Otherwise, naming ``what`` needed it.
     """
     if not isinstance(store, Store):
-        raise ValidationError(f"a {what} needs a Store, not {type(store).__name__}")
+        article = "an" if what[:1] in "AEIOU" else "a"
+        raise ValidationError(f"{article} {what} needs a Store, not {type(store).__name__}")
     return store

@@ -460,5 +460,6 @@ def check_async_store(store: object, what: str) -> AsyncStore:
         Otherwise, naming ``what`` needed it.
     """
     if not isinstance(store, AsyncStore):
-        raise ValidationError(f"a {what} needs a AsyncStore, not {type(store).__name__}")
+        article = "an" if what[:1] in "AEIOU" else "a"
+        raise ValidationError(f"{article} {what} needs an AsyncStore, not {type(store).__name__}")
     return store

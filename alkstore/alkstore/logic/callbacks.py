@@ -142,13 +142,19 @@ def _an_object(kind: str) -> str:
     return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
-def check_ran(result: object, func: object, what: str) -> None:
+def check_ran(result: object, func: object, what: str, *, awaited: bool = False) -> None:
     """Refuse the result of a call that did not run its body.
 
     An awaitable or a (sync or async) generator result is closed, where it
     can be, so no "never awaited" warning follows, and refused. A sync
     handler's result is never awaited: a plain function that returns a
     coroutine ran none of it.
+
+    Parameters
+    ----------
+    awaited
+        ``result`` is what awaiting an async handler's call gave: the
+        message then says to await inside it, not to make it async.
 
     Raises
     ------
@@ -164,6 +170,12 @@ def check_ran(result: object, func: object, what: str) -> None:
         result.close()
     # An unstarted async generator holds nothing (its aclose() is a coroutine).
     kind = type(result).__name__
+    if awaited:
+        raise NotRunError(
+            f"{what} {_name(func)} returned a {kind} from its coroutine: what that {kind} "
+            "does did not run, so this is not counted as done (alkstore awaits the "
+            f"coroutine once; await the {kind} inside it)"
+        )
     raise NotRunError(
         f"{what} {_name(func)} returned a {kind} instead of running: its body did not run, "
         "so this is not counted as done (alkstore awaits only what a coroutine function "
@@ -209,5 +221,5 @@ async def call_async(
     result = func(*args, **kwargs)
     if inspect.isawaitable(result):
         result = await result
-    check_ran(result, func, what)
+    check_ran(result, func, what, awaited=True)
     return result
