@@ -357,7 +357,15 @@ class SqliteQueue(Queue):
             databases = cursor.execute("PRAGMA database_list").fetchall()
         except sqlite3.ProgrammingError as error:
             # Closed, or created in another thread with check_same_thread.
-            raise ValidationError(f"enqueue_tx cannot use this connection: {error}") from error
+            hint = (
+                " (a connection used from another thread, as an async store's "
+                "enqueue_tx uses it from one of its threads, must be opened with "
+                "sqlite3.connect(..., check_same_thread=False); docs/async.md)"
+                if "thread" in str(error)
+                else ""
+            )
+            refused = f"enqueue_tx cannot use this connection: {error}{hint}"
+            raise ValidationError(refused) from error
         except sqlite3.Error as error:
             raise engine_error(error) from error
         main = next((os.fsdecode(row[2]) for row in databases if row[1] == "main"), "")

@@ -145,15 +145,19 @@ def test_a_closed_or_foreign_thread_connection_is_refused(
 ) -> None:
     closed = sqlite3.connect(db_path)
     closed.close()
-    with pytest.raises(ValidationError, match="cannot use this connection"):
+    with pytest.raises(ValidationError, match="cannot use this connection") as refused:
         store.queue("q").enqueue_tx(closed, 1)
+    assert "check_same_thread" not in str(refused.value)
 
     made: list[sqlite3.Connection] = []
     thread = threading.Thread(target=lambda: made.append(sqlite3.connect(db_path)))
     thread.start()
     thread.join()
-    with pytest.raises(ValidationError, match="cannot use this connection"):
+    # What an async store's enqueue_tx meets: it uses the connection from
+    # one of its threads. The message says how to open one it can use.
+    with pytest.raises(ValidationError, match="cannot use this connection") as refused:
         store.queue("q").enqueue_tx(made[0], 1)
+    assert "sqlite3.connect(..., check_same_thread=False)" in str(refused.value)
     # Only its own thread may close it; garbage collection does it here.
     made.clear()
 
