@@ -565,3 +565,104 @@ def test_a_native_async_store_belongs_to_its_loop(
         assert isinstance(dropped, ThreadedAsyncStore)
         dropped.sync_store.close()
     app.close()
+
+
+#: How long a gated engine's sync opening holds at most (the bound that ends
+#: a test whose loop is blocked by the opening).
+HOLD_S = 10.0
+
+
+class GatedEngine:
+    """An engine registered under ``scheme`` over a SQLite file whose sync
+    opening holds, until :attr:`release` is set (at most :data:`HOLD_S`),
+    as a slow connect or migration would; :attr:`holding` is set while one
+    holds. With ``native``, its factory also has an ``open_async`` (not
+    held), as an engine with native async primitives."""
+
+    def __init__(self, scheme: str, path: Path, *, native: bool) -> None:
+        self.holding = threading.Event()
+        self.release = threading.Event()
+        self.url = f"{scheme}://x"
+        sqlite_url = f"sqlite:///{path}"
+
+        def factory(url: str, **options: Any) -> Store:
+            self.holding.set()
+            try:
+                self.release.wait(HOLD_S)
+            finally:
+                self.holding.clear()
+            return alkstore.open(sqlite_url, **options)
+
+        async def open_native(url: str, **options: Any) -> AsyncStore:
+            return ThreadedAsyncStore(await asyncio.to_thread(alkstore.open, sqlite_url, **options))
+
+        if native:
+            factory.open_async = open_native  # type: ignore[attr-defined]
+        alkstore.register(scheme, factory)
+
+
+async def turns() -> None:
+    """Let the loop run a few steps: the tasks just created take theirs."""
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["thread-adapter", "native"])
+@pytest.mark.parametrize("opener", ["a-thread", "run_async"])
+def test_the_loop_turns_while_a_thread_opens_the_apps_store(
+    tmp_path: Path, native: bool, opener: str
+) -> None:
+    """While a thread opens the app's sync store (a thread calling
+    ``app.queue``, or ``run_async``'s control thread), the async methods
+    awaited on the loop (``astore``, ``aqueue``, ``aoutbox``, ``aenqueue``)
+    never hold the loop waiting for that opening: with a native engine they
+    complete meanwhile, since its async store is a store of its own; over
+    the thread adapter they wait for the sync store, off the loop."""
+    engine = GatedEngine(f"gated-{opener}-{native}".lower(), tmp_path / "jobs.db", native=native)
+    app = App(engine.url)
+
+    @app.task(queue="q", name="t")
+    async def t() -> None:
+        pass
+
+    async def ask() -> int:
+        store = await app.astore()
+        queue = await app.aqueue("q")
+        assert queue.store is store
+        assert (await app.aoutbox("ob")).queue.store is store
+        return await t.aenqueue()
+
+    async def main() -> tuple[bool, bool, int, WorkerCounts | None]:
+        worker, run = None, None
+        if opener == "run_async":
+            worker = app.worker(poll_interval_s=0.05, handle_signals=False)
+            run = asyncio.create_task(worker.run_async())
+        else:
+            threading.Thread(target=app.queue, args=("q",), daemon=True).start()
+        await until(engine.holding.is_set, "the sync store's opening")
+        asking = asyncio.create_task(ask())
+        await turns()
+        turned = engine.holding.is_set()  # the loop ran on while the opening held
+        if native:
+            await asyncio.wait_for(asyncio.shield(asking), WAIT_S)
+        done_while_held = asking.done() and engine.holding.is_set()
+        if worker is not None:
+            worker.stop()
+        engine.release.set()
+        job_id = await asyncio.wait_for(asking, WAIT_S)
+        counts = await asyncio.wait_for(run, WAIT_S) if run is not None else None
+        await app.aclose()
+        return turned, done_while_held, job_id, counts
+
+    try:
+        turned, done_while_held, job_id, counts = asyncio.run(main())
+    finally:
+        engine.release.set()
+    assert turned
+    assert done_while_held is native  # the adapter needs the sync store, so waits for it
+    if counts is not None:
+        assert counts == WorkerCounts()  # stopped before it claimed
+    job = app.queue("q").get_job(job_id)
+    assert job is not None
+    assert (job.state, job.payload["task"]) == ("pending", "t")
+    app.close()
