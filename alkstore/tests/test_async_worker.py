@@ -666,3 +666,72 @@ def test_the_loop_turns_while_a_thread_opens_the_apps_store(
     assert job is not None
     assert (job.state, job.payload["task"]) == ("pending", "t")
     app.close()
+
+
+def test_a_loop_waiting_for_another_loops_opening_is_refused_its_native_store(
+    tmp_path: Path,
+) -> None:
+    """While a coroutine of loop A opens the app's native async store, one
+    of loop B asking for it waits for that opening, then is refused with the
+    ``RuntimeError`` of any use from another loop still running, never
+    handed A's store; once A has closed it, B opens one of its own."""
+    path = tmp_path / "native.db"
+    opening, release, b_done = threading.Event(), threading.Event(), threading.Event()
+    opened: list[AsyncStore] = []
+
+    def factory(url: str, **options: Any) -> Store:
+        return alkstore.open(f"sqlite:///{path}", **options)
+
+    async def open_native(url: str, **options: Any) -> AsyncStore:
+        opening.set()
+        await asyncio.to_thread(release.wait, WAIT_S)  # held until B waits for it
+        store = ThreadedAsyncStore(await asyncio.to_thread(factory, url, **options))
+        opened.append(store)
+        return store
+
+    factory.open_async = open_native  # type: ignore[attr-defined]
+    alkstore.register("native-two-loops", factory)
+    app = App("native-two-loops://x")
+    on_a: list[AsyncStore] = []
+
+    async def loop_a() -> None:
+        on_a.append(await app.astore())
+        await (await app.aqueue("q")).enqueue("from A")  # A's store works on A
+        await asyncio.to_thread(b_done.wait, WAIT_S)
+        await app.aclose()
+
+    a = threading.Thread(target=asyncio.run, args=(loop_a(),), daemon=True)
+    a.start()
+
+    async def loop_b() -> tuple[bool, BaseException | AsyncStore]:
+        await asyncio.to_thread(opening.wait, WAIT_S)
+        asking = asyncio.create_task(app.astore())
+        await turns()
+        waited = not asking.done()
+        release.set()
+        try:
+            return waited, await asyncio.wait_for(asking, WAIT_S)
+        except RuntimeError as refused:
+            return waited, refused
+
+    try:
+        waited, got = asyncio.run(loop_b())
+    finally:
+        release.set()
+        b_done.set()
+        a.join(WAIT_S)
+    assert waited
+    assert isinstance(got, RuntimeError), f"loop B was handed {got!r}, native to loop A"
+    assert "native to another event loop, still open" in str(got)
+    assert on_a == opened[:1]
+    assert on_a[0].closed  # closed by A, on A
+
+    async def own() -> AsyncStore:
+        store = await app.astore()
+        assert (await (await app.aqueue("q")).stats()).pending == 1
+        await app.aclose()
+        return store
+
+    assert asyncio.run(own()) is opened[1]
+    assert len(opened) == 2
+    app.close()

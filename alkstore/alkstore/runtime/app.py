@@ -268,11 +268,12 @@ class App:
                 if opening is None:
                     opening = self._aopening = Future()
             if not mine:
-                try:
-                    # Shielded: a waiter's cancellation never cancels the opening.
-                    return await asyncio.shield(asyncio.wrap_future(opening))
-                except _OpeningAbandoned:
-                    continue
+                # Shielded: a waiter's cancellation never cancels the opening.
+                with contextlib.suppress(_OpeningAbandoned):  # then opened here
+                    await asyncio.shield(asyncio.wrap_future(opening))
+                # What it opened, checked above as any store: a native one may
+                # belong to another loop.
+                continue
             try:
                 store, loop = await self._open_astore()
             except BaseException as error:
