@@ -10,7 +10,9 @@ import asyncio
 import functools
 import logging
 import signal
+import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -735,3 +737,78 @@ def test_a_loop_waiting_for_another_loops_opening_is_refused_its_native_store(
     assert asyncio.run(own()) is opened[1]
     assert len(opened) == 2
     app.close()
+
+
+#: A fresh process's first use of the async API, on its event loop's thread,
+#: watched by an audit hook that notes the blocking I/O that thread does.
+FIRST_USE = """
+import asyncio, sys, threading
+import alkstore
+from alkstore import App
+
+BLOCKING = ("open", "os.listdir", "os.scandir", "socket.connect", "socket.getaddrinfo",
+            "time.sleep", "subprocess.Popen", "sqlite3.connect")
+seen, watched = [], []
+
+def hook(event, args):
+    if watched and event in BLOCKING and threading.current_thread() is watched[0]:
+        if not (event == "time.sleep" and args and args[0] == 0):
+            seen.append((event, str(args[0] if args else None)[:200]))
+
+url = sys.argv[1]
+app = App(url)
+
+@app.task(queue="q", name="t")
+async def t() -> None:
+    pass
+
+if sys.argv[2] == "open":
+    app.store  # opened: only the wrapping is left
+sys.addaudithook(hook)
+
+async def main() -> None:
+    watched.append(threading.current_thread())
+    try:
+{body}
+    finally:
+        watched.clear()
+    await app.aclose()
+
+asyncio.run(main())
+print(repr(seen))
+"""
+
+FIRST_USES = {
+    "astore": "await app.astore()",
+    "aqueue": "await app.aqueue('q')",
+    "aoutbox": "await app.aoutbox('ob')",
+    "aenqueue": "await t.aenqueue(); await t.aenqueue_many([(), ()])",
+    "aclose": "await app.aclose()",
+    "open_async": "await (await alkstore.open_async(url)).close()",
+}
+
+
+@pytest.mark.parametrize("sync_store", ["open", "unopened"])
+@pytest.mark.parametrize("use", sorted(FIRST_USES))
+def test_the_first_use_of_the_async_api_reads_no_file_on_the_loop(
+    tmp_path: Path, use: str, sync_store: str
+) -> None:
+    """In a fresh process, the first ``astore``, ``aqueue``, ``aoutbox``,
+    ``aenqueue``, ``aclose`` and ``alkstore.open_async`` read no file (and
+    make no other blocking call) on the event loop's thread: the modules
+    they load on first use (the thread adapter, ``AsyncOutbox`` and its
+    imports, the executor asyncio creates for ``to_thread``) are imported
+    off the loop, as the engine is, whether or not the app's sync store is
+    open already."""
+    body = textwrap.indent(FIRST_USES[use], " " * 8)
+    script = FIRST_USE.replace("{body}", body)
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    out = subprocess.run(
+        [sys.executable, "-c", script, url, sync_store],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
+from alkstore._off_loop import off_loop
 from alkstore.contract.registry import DEFAULT_URL, URL_ENV
 from alkstore.contract.registry import open as open_store
 from alkstore.contract.store import Store
@@ -47,6 +48,25 @@ R = TypeVar("R")
 DEFAULT_QUEUE = "default"
 
 log = logging.getLogger("alkstore")
+
+
+#: :class:`AsyncOutbox`, once :func:`_async_outbox` has imported it.
+_async_outbox_class: list[type[AsyncOutbox]] = []
+
+
+async def _async_outbox() -> type[AsyncOutbox]:
+    """:class:`AsyncOutbox`, imported off the event loop the first time:
+    a module's first import reads (perhaps compiles) its files and its
+    imports' (docs/async.md "Tasks and workers")."""
+    if not _async_outbox_class:
+        _async_outbox_class.append(await off_loop(_import_async_outbox, "alkstore-import"))
+    return _async_outbox_class[0]
+
+
+def _import_async_outbox() -> type[AsyncOutbox]:
+    from alkstore.runtime.outbox_async import AsyncOutbox
+
+    return AsyncOutbox
 
 
 class _OpeningAbandoned(Exception):
@@ -292,18 +312,18 @@ class App:
         """Open the async store; also the loop it belongs to (``None``: any)."""
         import asyncio
 
-        from alkstore.contract.registry import has_native_async, open_async
-        from alkstore.contract.threaded import threaded_over
+        from alkstore.contract.registry import ahas_native_async, open_async, open_async_over
 
         if self._owns_store:
             with self._lock:
                 url, options = self.url, dict(self._engine_options)
-            if await asyncio.to_thread(has_native_async, url):
+            if await ahas_native_async(url):
                 with self._lock:
                     self._url = url  # resolved once, as the store's is
                 store: AsyncStore = await open_async(url, **options)
                 return store, asyncio.get_running_loop()
-        return await asyncio.to_thread(lambda: threaded_over(self.store, owns_store=False)), None
+        # Over the app's own store, opened if need be (off the loop, too).
+        return await open_async_over(lambda: self.store), None
 
     async def _usable_here(self, loop: asyncio.AbstractEventLoop | None) -> bool:
         """Whether the async store that belongs to ``loop`` (``None``: the
@@ -333,10 +353,12 @@ class App:
                 self._astore, self._aloop, self._aqueues = None, None, {}
         # Logged from a thread, as every record of the runtime's: a
         # record's handlers write (to a terminal, a file, a socket).
-        await asyncio.to_thread(
-            log.warning,
-            "the app's async store belonged to an event loop that has closed, so it could "
-            "not be closed: await app.aclose() before the loop ends",
+        await off_loop(
+            lambda: log.warning(
+                "the app's async store belonged to an event loop that has closed, so it "
+                "could not be closed: await app.aclose() before the loop ends"
+            ),
+            "alkstore-log",
         )
         return False
 
@@ -369,9 +391,8 @@ class App:
         ValidationError
             For a name outside docs/contract.md §3's rule.
         """
-        from alkstore.runtime.outbox_async import AsyncOutbox
-
-        return AsyncOutbox(await self.aqueue(queue))
+        outbox_queue = await self.aqueue(queue)
+        return (await _async_outbox())(outbox_queue)
 
     async def aclose(self) -> None:
         """Close the async store, then the store, each if the app opened it;
@@ -400,7 +421,7 @@ class App:
                 astore, self._astore, self._aloop, self._aqueues = self._astore, None, None, {}
         if astore is not None:
             await astore.close()
-        await asyncio.to_thread(self.close)
+        await off_loop(self.close, "alkstore-close")
 
     async def __aenter__(self) -> App:
         return self
