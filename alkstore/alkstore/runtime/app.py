@@ -423,6 +423,24 @@ class App:
             await astore.close()
         await off_loop(self.close, "alkstore-close")
 
+    async def _aclose_loops_store(self) -> None:
+        """Close the async store if it is native to the running event loop,
+        and forget it; the sync store, and a thread adapter over it (which
+        any loop may use), are left to :meth:`close`. For the owner of a
+        loop about to end, on which the app's store was opened on the app's
+        behalf (``Worker.run``'s own loop, where a task awaited
+        ``aenqueue``): closed on its loop, not at the loop's end with a
+        warning no one can act on."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            astore = self._astore
+            if astore is None or self._aloop is not loop:
+                return
+            self._astore, self._aloop, self._aqueues = None, None, {}
+        await astore.close()
+
     async def __aenter__(self) -> App:
         return self
 

@@ -524,7 +524,9 @@ class Worker:
         The claim loop runs on this thread. Async tasks run on an event
         loop of the worker's own, on a thread of its own, started at the
         first async job (or relay with an async ``send``) and stopped before
-        this returns.
+        this returns; the app's native async store, when a task opened it
+        there (``await task.aenqueue()``), is closed on it first
+        (:meth:`App.aclose` without the sync store, which stays open).
 
         Parameters
         ----------
@@ -703,6 +705,7 @@ class Worker:
             for sub in subscriptions:
                 sub.close()
             self._outcomes.shutdown()
+            self._close_on_own_loop()
             if self._loop_thread is not None and not self._loop_thread.stop(_LOOP_STOP_TIMEOUT_S):
                 log.warning(
                     "the event loop of worker %s did not stop within %g s (a coroutine "
@@ -1071,6 +1074,29 @@ class Worker:
                 self._outcomes.submit(_nothing)
                 self._outcomes_started = True
             return self._event_loop
+
+    def _close_on_own_loop(self) -> None:
+        """Before :meth:`run` ends the event loop of its own: close, on that
+        loop, what was opened there on the app's behalf, the app's native
+        async store (opened by a task's ``await task.aenqueue()``); its end
+        would otherwise close it with a warning. The app's sync store is
+        the caller's, left open. Waits up to :data:`_LOOP_STOP_TIMEOUT_S`."""
+        loop_thread = self._loop_thread
+        if loop_thread is None:
+            return
+        import asyncio
+
+        try:
+            asyncio.run_coroutine_threadsafe(
+                self._app._aclose_loops_store(), loop_thread.loop
+            ).result(_LOOP_STOP_TIMEOUT_S)
+        except Exception:
+            log.warning(
+                "worker %s could not close the app's async store on its event loop, "
+                "which closes it as it ends",
+                self._worker_id,
+                exc_info=True,
+            )
 
     def _dispatch(self, jobs: list[_Coroutine]) -> None:
         """Hand claimed async jobs to the event loop: one thread hop."""

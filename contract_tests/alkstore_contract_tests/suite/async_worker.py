@@ -26,7 +26,7 @@ from typing import Any, TypeVarTuple
 
 import pytest
 
-from alkstore import App, Fail, Retry, ValidationError, WorkerCounts
+from alkstore import App, AsyncStore, Fail, Retry, ValidationError, WorkerCounts
 from alkstore_contract_tests._clock import T0, ManualClock
 from alkstore_contract_tests._worker_app import QUEUE, executions
 from alkstore_contract_tests.harness import StoreTarget, resolved
@@ -587,6 +587,43 @@ class AsyncWorkerTests(WorkerFixtures):
                 sync_job.run_at,
                 sync_job.max_attempts,
             )
+
+    def test_async_worker_run_closes_the_async_store_its_tasks_opened(
+        self, url_app: App, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """``worker.run()`` (so ``alkstore worker``) runs async tasks on an
+        event loop of its own; a task that enqueues the documented way,
+        ``await other.aenqueue()``, opens the app's async store there (the
+        engine's native one, when it has one). The run closes it before its
+        loop ends and leaves the app's sync store open for its owner: no
+        warning, the jobs acked, and ``app.close()`` closes the rest."""
+        opened: list[AsyncStore] = []
+        ran: list[str] = []
+
+        @url_app.task(queue=QUEUE, name="second")
+        async def second() -> None:
+            ran.append("second")
+
+        @url_app.task(queue=QUEUE, name="first")
+        async def first() -> None:
+            opened.append(await url_app.astore())
+            await second.aenqueue()
+            ran.append("first")
+
+        first_id = first.enqueue()
+        with caplog.at_level(logging.WARNING):
+            counts = url_app.worker(handle_signals=False).run(burst=True)
+            sync_store = url_app.store
+            open_after_run = not sync_store.closed  # the caller's
+            assert url_app.queue(QUEUE).get_job(first_id) is None  # acked
+            url_app.close()
+        assert counts == WorkerCounts(succeeded=2)
+        assert ran == ["first", "second"]
+        assert len(opened) == 1
+        assert opened[0].closed
+        assert (open_after_run, sync_store.closed) == (True, True)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert warnings == []
 
     def test_async_worker_aenqueue_tx_commits_and_rolls_back_with_the_caller(
         self, alkstore_target: StoreTarget, url_app: App, worker_log_dir: str
