@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeAlias, TypeVar
+
+from alkstore._off_loop import on_thread
 
 __all__ = [
     "ACondition",
@@ -109,8 +112,9 @@ async def ajoin(spawned: ASpawned, timeout_s: float) -> bool:
 
 
 async def aoff_loop(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` on a thread (``asyncio.to_thread``), the loop waiting
-    unblocked: for work that is short but may touch files on its first use
-    (a module's import, a time zone's data), which must not hold the loop.
-    Its twin :func:`~alkstore._acompat.off_loop` calls ``fn`` in place."""
-    return await asyncio.to_thread(fn, *args)
+    """``fn(*args)`` on a thread (:func:`alkstore._off_loop.on_thread`), the
+    loop waiting unblocked: for work that is short but may touch files on
+    its first use (a module's import, a time zone's data), which must not
+    hold the loop. Its twin :func:`~alkstore._acompat.off_loop` calls
+    ``fn`` in place."""
+    return await on_thread(functools.partial(fn, *args), "alkstore-off-loop")

@@ -10,7 +10,9 @@ import asyncio
 import functools
 import logging
 import signal
+import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -359,9 +361,11 @@ def test_cancelling_run_async_twice_ends_the_grace_period(app: App) -> None:
     running to lapse at once instead of waiting out the grace period; its
     coroutine is cancelled."""
     ends: list[str] = []
+    began: list[str] = []
 
     @app.task(queue="q", name="stuck")
     async def stuck() -> None:
+        began.append("began")
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
@@ -373,7 +377,9 @@ def test_cancelling_run_async_twice_ends_the_grace_period(app: App) -> None:
     async def main() -> float:
         worker = app.worker(grace_period_s=WAIT_S, poll_interval_s=0.05)
         run = asyncio.create_task(worker.run_async())
-        await until(lambda: worker.running == 1, "the job to start")
+        # Its coroutine running, not only its slot taken (a job handed to
+        # the loop but not started yet is never started after a stop).
+        await until(lambda: bool(began), "the job's coroutine to start")
         started = time.monotonic()
         run.cancel()
         await asyncio.sleep(0)
@@ -565,3 +571,248 @@ def test_a_native_async_store_belongs_to_its_loop(
         assert isinstance(dropped, ThreadedAsyncStore)
         dropped.sync_store.close()
     app.close()
+
+
+#: How long a gated engine's sync opening holds at most (the bound that ends
+#: a test whose loop is blocked by the opening).
+HOLD_S = 10.0
+
+
+class GatedEngine:
+    """An engine registered under ``scheme`` over a SQLite file whose sync
+    opening holds, until :attr:`release` is set (at most :data:`HOLD_S`),
+    as a slow connect or migration would; :attr:`holding` is set while one
+    holds. With ``native``, its factory also has an ``open_async`` (not
+    held), as an engine with native async primitives."""
+
+    def __init__(self, scheme: str, path: Path, *, native: bool) -> None:
+        self.holding = threading.Event()
+        self.release = threading.Event()
+        self.url = f"{scheme}://x"
+        sqlite_url = f"sqlite:///{path}"
+
+        def factory(url: str, **options: Any) -> Store:
+            self.holding.set()
+            try:
+                self.release.wait(HOLD_S)
+            finally:
+                self.holding.clear()
+            return alkstore.open(sqlite_url, **options)
+
+        async def open_native(url: str, **options: Any) -> AsyncStore:
+            return ThreadedAsyncStore(await asyncio.to_thread(alkstore.open, sqlite_url, **options))
+
+        if native:
+            factory.open_async = open_native  # type: ignore[attr-defined]
+        alkstore.register(scheme, factory)
+
+
+async def turns() -> None:
+    """Let the loop run a few steps: the tasks just created take theirs."""
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["thread-adapter", "native"])
+@pytest.mark.parametrize("opener", ["a-thread", "run_async"])
+def test_the_loop_turns_while_a_thread_opens_the_apps_store(
+    tmp_path: Path, native: bool, opener: str
+) -> None:
+    """While a thread opens the app's sync store (a thread calling
+    ``app.queue``, or ``run_async``'s control thread), the async methods
+    awaited on the loop (``astore``, ``aqueue``, ``aoutbox``, ``aenqueue``)
+    never hold the loop waiting for that opening: with a native engine they
+    complete meanwhile, since its async store is a store of its own; over
+    the thread adapter they wait for the sync store, off the loop."""
+    engine = GatedEngine(f"gated-{opener}-{native}".lower(), tmp_path / "jobs.db", native=native)
+    app = App(engine.url)
+
+    @app.task(queue="q", name="t")
+    async def t() -> None:
+        pass
+
+    async def ask() -> int:
+        store = await app.astore()
+        queue = await app.aqueue("q")
+        assert queue.store is store
+        assert (await app.aoutbox("ob")).queue.store is store
+        return await t.aenqueue()
+
+    async def main() -> tuple[bool, bool, int, WorkerCounts | None]:
+        worker, run = None, None
+        if opener == "run_async":
+            worker = app.worker(poll_interval_s=0.05, handle_signals=False)
+            run = asyncio.create_task(worker.run_async())
+        else:
+            threading.Thread(target=app.queue, args=("q",), daemon=True).start()
+        await until(engine.holding.is_set, "the sync store's opening")
+        asking = asyncio.create_task(ask())
+        await turns()
+        turned = engine.holding.is_set()  # the loop ran on while the opening held
+        if native:
+            await asyncio.wait_for(asyncio.shield(asking), WAIT_S)
+        done_while_held = asking.done() and engine.holding.is_set()
+        if worker is not None:
+            worker.stop()
+        engine.release.set()
+        job_id = await asyncio.wait_for(asking, WAIT_S)
+        counts = await asyncio.wait_for(run, WAIT_S) if run is not None else None
+        await app.aclose()
+        return turned, done_while_held, job_id, counts
+
+    try:
+        turned, done_while_held, job_id, counts = asyncio.run(main())
+    finally:
+        engine.release.set()
+    assert turned
+    assert done_while_held is native  # the adapter needs the sync store, so waits for it
+    if counts is not None:
+        assert counts == WorkerCounts()  # stopped before it claimed
+    job = app.queue("q").get_job(job_id)
+    assert job is not None
+    assert (job.state, job.payload["task"]) == ("pending", "t")
+    app.close()
+
+
+def test_a_loop_waiting_for_another_loops_opening_is_refused_its_native_store(
+    tmp_path: Path,
+) -> None:
+    """While a coroutine of loop A opens the app's native async store, one
+    of loop B asking for it waits for that opening, then is refused with the
+    ``RuntimeError`` of any use from another loop still running, never
+    handed A's store; once A has closed it, B opens one of its own."""
+    path = tmp_path / "native.db"
+    opening, release, b_done = threading.Event(), threading.Event(), threading.Event()
+    opened: list[AsyncStore] = []
+
+    def factory(url: str, **options: Any) -> Store:
+        return alkstore.open(f"sqlite:///{path}", **options)
+
+    async def open_native(url: str, **options: Any) -> AsyncStore:
+        opening.set()
+        await asyncio.to_thread(release.wait, WAIT_S)  # held until B waits for it
+        store = ThreadedAsyncStore(await asyncio.to_thread(factory, url, **options))
+        opened.append(store)
+        return store
+
+    factory.open_async = open_native  # type: ignore[attr-defined]
+    alkstore.register("native-two-loops", factory)
+    app = App("native-two-loops://x")
+    on_a: list[AsyncStore] = []
+
+    async def loop_a() -> None:
+        on_a.append(await app.astore())
+        await (await app.aqueue("q")).enqueue("from A")  # A's store works on A
+        await asyncio.to_thread(b_done.wait, WAIT_S)
+        await app.aclose()
+
+    a = threading.Thread(target=asyncio.run, args=(loop_a(),), daemon=True)
+    a.start()
+
+    async def loop_b() -> tuple[bool, BaseException | AsyncStore]:
+        await asyncio.to_thread(opening.wait, WAIT_S)
+        asking = asyncio.create_task(app.astore())
+        await turns()
+        waited = not asking.done()
+        release.set()
+        try:
+            return waited, await asyncio.wait_for(asking, WAIT_S)
+        except RuntimeError as refused:
+            return waited, refused
+
+    try:
+        waited, got = asyncio.run(loop_b())
+    finally:
+        release.set()
+        b_done.set()
+        a.join(WAIT_S)
+    assert waited
+    assert isinstance(got, RuntimeError), f"loop B was handed {got!r}, native to loop A"
+    assert "native to another event loop, still open" in str(got)
+    assert on_a == opened[:1]
+    assert on_a[0].closed  # closed by A, on A
+
+    async def own() -> AsyncStore:
+        store = await app.astore()
+        assert (await (await app.aqueue("q")).stats()).pending == 1
+        await app.aclose()
+        return store
+
+    assert asyncio.run(own()) is opened[1]
+    assert len(opened) == 2
+    app.close()
+
+
+#: A fresh process's first use of the async API, on its event loop's thread,
+#: watched by an audit hook that notes the blocking I/O that thread does.
+FIRST_USE = """
+import asyncio, sys, threading
+import alkstore
+from alkstore import App
+
+BLOCKING = ("open", "os.listdir", "os.scandir", "socket.connect", "socket.getaddrinfo",
+            "time.sleep", "subprocess.Popen", "sqlite3.connect")
+seen, watched = [], []
+
+def hook(event, args):
+    if watched and event in BLOCKING and threading.current_thread() is watched[0]:
+        if not (event == "time.sleep" and args and args[0] == 0):
+            seen.append((event, str(args[0] if args else None)[:200]))
+
+url = sys.argv[1]
+app = App(url)
+
+@app.task(queue="q", name="t")
+async def t() -> None:
+    pass
+
+if sys.argv[2] == "open":
+    app.store  # opened: only the wrapping is left
+sys.addaudithook(hook)
+
+async def main() -> None:
+    watched.append(threading.current_thread())
+    try:
+{body}
+    finally:
+        watched.clear()
+    await app.aclose()
+
+asyncio.run(main())
+print(repr(seen))
+"""
+
+FIRST_USES = {
+    "astore": "await app.astore()",
+    "aqueue": "await app.aqueue('q')",
+    "aoutbox": "await app.aoutbox('ob')",
+    "aenqueue": "await t.aenqueue(); await t.aenqueue_many([(), ()])",
+    "aclose": "await app.aclose()",
+    "open_async": "await (await alkstore.open_async(url)).close()",
+}
+
+
+@pytest.mark.parametrize("sync_store", ["open", "unopened"])
+@pytest.mark.parametrize("use", sorted(FIRST_USES))
+def test_the_first_use_of_the_async_api_reads_no_file_on_the_loop(
+    tmp_path: Path, use: str, sync_store: str
+) -> None:
+    """In a fresh process, the first ``astore``, ``aqueue``, ``aoutbox``,
+    ``aenqueue``, ``aclose`` and ``alkstore.open_async`` read no file (and
+    make no other blocking call) on the event loop's thread: the modules
+    they load on first use (the thread adapter, ``AsyncOutbox`` and its
+    imports, the executor asyncio creates for ``to_thread``) are imported
+    off the loop, as the engine is, whether or not the app's sync store is
+    open already."""
+    body = textwrap.indent(FIRST_USES[use], " " * 8)
+    script = FIRST_USE.replace("{body}", body)
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    out = subprocess.run(
+        [sys.executable, "-c", script, url, sync_store],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout

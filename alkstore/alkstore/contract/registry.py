@@ -16,6 +16,7 @@ from importlib.metadata import entry_points
 from types import TracebackType
 from typing import Any
 
+from alkstore._off_loop import on_thread
 from alkstore.contract.store import Store
 from alkstore.contract.store_async import AsyncStore
 from alkstore.errors import UnknownEngineError, ValidationError
@@ -243,11 +244,9 @@ def open_async(url: str | None = None, **engine_options: Any) -> AsyncOpen:
 
 
 async def _open_async(url: str, engine_options: dict[str, Any]) -> AsyncStore:
-    import asyncio  # a loop runs this coroutine: already imported
-
     # Off the loop, as the engine's own import: a module's first import
     # reads (and perhaps compiles) its file.
-    open_threaded = await asyncio.to_thread(_threaded_opener)
+    open_threaded = await on_thread(_threaded_opener, "alkstore-open-async")
     return await open_threaded(_engine_for, url, engine_options)
 
 
@@ -255,6 +254,41 @@ def _threaded_opener() -> Callable[..., Coroutine[Any, Any, AsyncStore]]:
     from alkstore.contract.threaded import open_threaded
 
     return open_threaded
+
+
+async def ahas_native_async(url: str | None = None) -> bool:
+    """:func:`has_native_async`, awaited: the entry points are read and the
+    engine imported off the event loop.
+
+    Raises
+    ------
+    ValidationError, UnknownEngineError
+        As :func:`has_native_async`.
+    """
+    return await on_thread(lambda: has_native_async(url), "alkstore-find-engine")
+
+
+async def open_async_over(store_of: Callable[[], Store]) -> AsyncStore:
+    """An :class:`AsyncStore` over the sync store ``store_of()`` returns
+    (an app's, docs/async.md "Tasks and workers"): a
+    :class:`~alkstore.contract.threaded.ThreadedAsyncStore` that does not
+    own it, so closing it leaves that store open. As :func:`open_async`,
+    everything is done off the event loop, on one thread: the thread
+    adapter's first import, ``store_of()`` (which may open the store:
+    connect, migrate) and the start of the adapter's threads.
+
+    Raises
+    ------
+    Exception
+        Whatever ``store_of()`` raises.
+    """
+    return await on_thread(lambda: _threaded_over(store_of), "alkstore-open-async")
+
+
+def _threaded_over(store_of: Callable[[], Store]) -> AsyncStore:
+    from alkstore.contract.threaded import threaded_over
+
+    return threaded_over(store_of(), owns_store=False)
 
 
 class AsyncOpen(Coroutine[Any, Any, AsyncStore]):

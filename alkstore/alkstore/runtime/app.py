@@ -15,8 +15,9 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
+from alkstore._off_loop import on_thread
 from alkstore.contract.registry import DEFAULT_URL, URL_ENV
 from alkstore.contract.registry import open as open_store
 from alkstore.contract.store import Store
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from alkstore.contract.queue import Queue
     from alkstore.contract.queue_async import AsyncQueue
     from alkstore.contract.store_async import AsyncStore
+    from alkstore.contract.threaded import ThreadedAsyncStore
     from alkstore.runtime.outbox_async import AsyncOutbox
     from alkstore.runtime.worker import Worker
 
@@ -46,6 +48,25 @@ R = TypeVar("R")
 DEFAULT_QUEUE = "default"
 
 log = logging.getLogger("alkstore")
+
+
+#: :class:`AsyncOutbox`, once :func:`_async_outbox` has imported it.
+_async_outbox_class: list[type[AsyncOutbox]] = []
+
+
+async def _async_outbox() -> type[AsyncOutbox]:
+    """:class:`AsyncOutbox`, imported off the event loop the first time:
+    a module's first import reads (perhaps compiles) its files and its
+    imports' (docs/async.md "Tasks and workers")."""
+    if not _async_outbox_class:
+        _async_outbox_class.append(await on_thread(_import_async_outbox, "alkstore-import"))
+    return _async_outbox_class[0]
+
+
+def _import_async_outbox() -> type[AsyncOutbox]:
+    from alkstore.runtime.outbox_async import AsyncOutbox
+
+    return AsyncOutbox
 
 
 class _OpeningAbandoned(Exception):
@@ -98,7 +119,14 @@ class App:
         self._engine_options = dict(engine_options)
         self._store = store
         self._owns_store = store is None
+        # Two locks. _lock guards the app's state and is only ever held for
+        # a few lines of bookkeeping, never across I/O or an import, so the
+        # async methods may take it on an event loop. _store_lock orders the
+        # sync store's opening and closing and is held across their I/O
+        # (connect, migrate, close): only sync callers, on their threads,
+        # take it, never an async method on a loop (docs/async.md).
         self._lock = threading.RLock()
+        self._store_lock = threading.Lock()
         self._tasks: dict[str, Task[Any, Any]] = {}
         # Queue names in first-registration order; the options given for a
         # queue by any of its tasks (None: defaults, until a task gives some).
@@ -109,7 +137,8 @@ class App:
         self._relays: dict[str, Send] = {}
         self._relay_opts: dict[str, QueueOpts] = {}
         # The async store (astore()), the opening under way, the loop a
-        # native one belongs to, and its queue handles.
+        # native one belongs to (None: the thread adapter over the app's
+        # store, which any loop may use), and its queue handles.
         self._astore: AsyncStore | None = None
         self._aopening: Future[AsyncStore] | None = None
         self._aloop: asyncio.AbstractEventLoop | None = None
@@ -147,7 +176,7 @@ class App:
         RuntimeError
             If the store is already open, or the app was made with ``store=``.
         """
-        with self._lock:
+        with self._store_lock, self._lock:  # after an opening under way: it is then open
             if self._store is not None:
                 raise RuntimeError("the app's store is already open; configure it before first use")
             if url is not None:
@@ -156,7 +185,9 @@ class App:
 
     @property
     def store(self) -> Store:
-        """The app's store, opened on first access (thread-safe).
+        """The app's store, opened on first access (thread-safe: one opening,
+        which other threads asking meanwhile wait for). Blocking while it
+        opens (connecting, migrating): from async code, use :meth:`astore`.
 
         Raises
         ------
@@ -166,12 +197,17 @@ class App:
         store = self._store
         if store is not None:
             return store
-        with self._lock:
-            if self._store is None:
+        with self._store_lock:
+            with self._lock:
+                if self._store is not None:
+                    return self._store
                 url = self.url
                 self._url = url  # resolved once: later env changes do not move the app
-                self._store = open_store(url, **self._engine_options)
-            return self._store
+                options = dict(self._engine_options)
+            opened = open_store(url, **options)  # I/O: under _store_lock only
+            with self._lock:
+                self._store = opened
+            return opened
 
     def close(self) -> None:
         """Close the store if the app opened it; idempotent. Tasks stay
@@ -182,25 +218,24 @@ class App:
         its loop: it is left open (and a warning logged) for ``await``
         :meth:`aclose`.
         """
-        from_sync = None
-        with self._lock:
-            store, self._queues = self._store, {}
-            if self._owns_store:
-                self._store = None
-            astore = self._astore
-            if astore is not None:
-                from alkstore.contract.threaded import ThreadedAsyncStore
-
-                if isinstance(astore, ThreadedAsyncStore):
-                    from_sync, self._astore, self._aloop, self._aqueues = astore, None, None, {}
-        if from_sync is not None:
-            from_sync._close_blocking()
-        elif astore is not None:
+        from_sync: ThreadedAsyncStore | None = None
+        with self._store_lock:  # after an opening under way: what it opened is closed
+            with self._lock:
+                store, self._queues = self._store, {}
+                if self._owns_store:
+                    self._store = None
+                astore = self._astore
+                if astore is not None and self._aloop is None:  # the thread adapter's
+                    from_sync = cast("ThreadedAsyncStore", astore)
+                    self._astore, self._aqueues = None, {}
+            if from_sync is not None:
+                from_sync._close_blocking()
+            if store is not None and self._owns_store:
+                store.close()
+        if astore is not None and from_sync is None:
             log.warning(
                 "app.close() leaves the app's async store open: close it with await app.aclose()"
             )
-        if store is not None and self._owns_store:
-            store.close()
 
     def __enter__(self) -> App:
         return self
@@ -237,16 +272,13 @@ class App:
             still open (close it there with :meth:`aclose`). One whose loop
             has closed is dropped with a warning, and a new one opened.
         """
-        store = self._astore
-        if store is not None and self._check_loop():
-            return store
         import asyncio
         from concurrent.futures import Future
 
         while True:
             with self._lock:
-                store = self._astore
-            if store is not None and self._check_loop():
+                store, loop = self._astore, self._aloop
+            if store is not None and await self._usable_here(loop):
                 return store
             with self._lock:
                 if self._astore is not None:
@@ -256,11 +288,12 @@ class App:
                 if opening is None:
                     opening = self._aopening = Future()
             if not mine:
-                try:
-                    # Shielded: a waiter's cancellation never cancels the opening.
-                    return await asyncio.shield(asyncio.wrap_future(opening))
-                except _OpeningAbandoned:
-                    continue
+                # Shielded: a waiter's cancellation never cancels the opening.
+                with contextlib.suppress(_OpeningAbandoned):  # then opened here
+                    await asyncio.shield(asyncio.wrap_future(opening))
+                # What it opened, checked above as any store: a native one may
+                # belong to another loop.
+                continue
             try:
                 store, loop = await self._open_astore()
             except BaseException as error:
@@ -279,24 +312,31 @@ class App:
         """Open the async store; also the loop it belongs to (``None``: any)."""
         import asyncio
 
-        from alkstore.contract.registry import has_native_async, open_async
-        from alkstore.contract.threaded import threaded_over
+        from alkstore.contract.registry import ahas_native_async, open_async, open_async_over
 
         if self._owns_store:
-            url = self.url
-            if await asyncio.to_thread(has_native_async, url):
+            with self._lock:
+                url, options = self.url, dict(self._engine_options)
+            if await ahas_native_async(url):
                 with self._lock:
                     self._url = url  # resolved once, as the store's is
-                store: AsyncStore = await open_async(url, **self._engine_options)
+                store: AsyncStore = await open_async(url, **options)
                 return store, asyncio.get_running_loop()
-        return await asyncio.to_thread(lambda: threaded_over(self.store, owns_store=False)), None
+        # Over the app's own store, opened if need be (off the loop, too).
+        return await open_async_over(lambda: self.store), None
 
-    def _check_loop(self) -> bool:
-        """Whether the async store may be used on the running loop: any
-        loop for the thread adapter's, only its own for a native one. A
-        native store whose loop is closed cannot be used or closed any more:
-        it is dropped, with a warning, and ``False`` returned."""
-        loop = self._aloop
+    async def _usable_here(self, loop: asyncio.AbstractEventLoop | None) -> bool:
+        """Whether the async store that belongs to ``loop`` (``None``: the
+        thread adapter's, any loop) may be used on the running loop: only
+        its own for a native one. A native store whose loop is closed cannot
+        be used or closed any more: it is dropped, with a warning, and
+        ``False`` returned.
+
+        Raises
+        ------
+        RuntimeError
+            For a native store of another loop, still open.
+        """
         if loop is None:
             return True
         import asyncio
@@ -311,9 +351,14 @@ class App:
         with self._lock:
             if self._aloop is loop:
                 self._astore, self._aloop, self._aqueues = None, None, {}
-        log.warning(
-            "the app's async store belonged to an event loop that has closed, so it could "
-            "not be closed: await app.aclose() before the loop ends"
+        # Logged from a thread, as every record of the runtime's: a
+        # record's handlers write (to a terminal, a file, a socket).
+        await on_thread(
+            lambda: log.warning(
+                "the app's async store belonged to an event loop that has closed, so it "
+                "could not be closed: await app.aclose() before the loop ends"
+            ),
+            "alkstore-log",
         )
         return False
 
@@ -346,9 +391,8 @@ class App:
         ValidationError
             For a name outside docs/contract.md §3's rule.
         """
-        from alkstore.runtime.outbox_async import AsyncOutbox
-
-        return AsyncOutbox(await self.aqueue(queue))
+        outbox_queue = await self.aqueue(queue)
+        return (await _async_outbox())(outbox_queue)
 
     async def aclose(self) -> None:
         """Close the async store, then the store, each if the app opened it;
@@ -370,12 +414,32 @@ class App:
             with contextlib.suppress(Exception):  # the opener raised it already
                 await asyncio.shield(asyncio.wrap_future(opening))
         astore = None
-        if self._check_loop():
+        with self._lock:
+            loop = self._aloop
+        if await self._usable_here(loop):
             with self._lock:
                 astore, self._astore, self._aloop, self._aqueues = self._astore, None, None, {}
         if astore is not None:
             await astore.close()
-        await asyncio.to_thread(self.close)
+        await on_thread(self.close, "alkstore-close")
+
+    async def _aclose_loops_store(self) -> None:
+        """Close the async store if it is native to the running event loop,
+        and forget it; the sync store, and a thread adapter over it (which
+        any loop may use), are left to :meth:`close`. For the owner of a
+        loop about to end, on which the app's store was opened on the app's
+        behalf (``Worker.run``'s own loop, where a task awaited
+        ``aenqueue``): closed on its loop, not at the loop's end with a
+        warning no one can act on."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            astore = self._astore
+            if astore is None or self._aloop is not loop:
+                return
+            self._astore, self._aloop, self._aqueues = None, None, {}
+        await astore.close()
 
     async def __aenter__(self) -> App:
         return self
@@ -417,12 +481,20 @@ class App:
         ValidationError
             For a name outside docs/contract.md §3's rule.
         """
-        with self._lock:
-            queue = self._queues.get(name)
-            if queue is None:
-                queue = self.store.queue(name, self.queue_opts(name))
-                self._queues[name] = queue
-            return queue
+        while True:
+            with self._lock:
+                queue = self._queues.get(name)
+            if queue is not None:
+                return queue
+            store = self.store  # opened, if need be, outside _lock
+            with self._lock:
+                if store is not self._store:  # closed meanwhile: the next use opens anew
+                    continue
+                queue = self._queues.get(name)
+                if queue is None:
+                    queue = store.queue(name, self.queue_opts(name))
+                    self._queues[name] = queue
+                return queue
 
     @overload
     def task(self, func: Callable[P, R], /) -> Task[P, R]: ...

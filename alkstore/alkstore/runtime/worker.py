@@ -36,6 +36,7 @@ no thread.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import logging
@@ -118,8 +119,11 @@ _BURST_FAILED_ROUNDS = 3
 _CANCEL_WAIT_S = 1.0
 #: How long ``run()`` waits for its own event loop's thread to end.
 _LOOP_STOP_TIMEOUT_S = 5.0
-#: Async jobs started per step of the event loop.
-_BEGIN_STEP = 64
+#: Async jobs started per step of the event loop: a step creates their
+#: tasks, about 10 µs each (about 100 µs under asyncio's debug mode, which
+#: records where each was created), so a step stays far below a
+#: millisecond, and under 2 ms in debug mode.
+_BEGIN_STEP = 16
 
 #: How a job ended, as logged and counted.
 Outcome = Literal["succeeded", "retried", "dead", "lost", "cancelled"]
@@ -255,8 +259,9 @@ class Worker:
     batch, then return. A second signal (or cancellation) ends the grace
     period at once. Jobs still running then stop being heartbeaten: their
     claims lapse and another worker reclaims them, so nothing is lost
-    (at-least-once). Their coroutines are cancelled; their threads, which
-    cannot be interrupted, run on.
+    (at-least-once). Their coroutines are cancelled, and the jobs handed to
+    the event loop but not started yet are not started; their threads,
+    which cannot be interrupted, run on.
 
     Parameters
     ----------
@@ -389,6 +394,11 @@ class Worker:
         self._outcomes = DaemonPool(1, f"alkstore-outcomes-{self._worker_id}")
         self._outcomes_started = False
         self._loop_lock = threading.Lock()  # starts the loop and the outcome thread once
+        # The async jobs handed to the event loop and not started yet: the
+        # claim thread appends, the loop takes them to start them and, at
+        # the end of the grace period, the control thread takes those left
+        # (a deque's append and popleft are atomic: the loop takes no lock).
+        self._handed: collections.deque[_Coroutine] = collections.deque()
         # On the event loop only: each running coroutine's task by its token,
         # and the tokens the worker cancelled (left to lapse, not recorded).
         self._coroutines: dict[int, asyncio.Task[None]] = {}
@@ -517,7 +527,9 @@ class Worker:
         The claim loop runs on this thread. Async tasks run on an event
         loop of the worker's own, on a thread of its own, started at the
         first async job (or relay with an async ``send``) and stopped before
-        this returns.
+        this returns; the app's native async store, when a task opened it
+        there (``await task.aenqueue()``), is closed on it first
+        (:meth:`App.aclose` without the sync store, which stays open).
 
         Parameters
         ----------
@@ -696,6 +708,7 @@ class Worker:
             for sub in subscriptions:
                 sub.close()
             self._outcomes.shutdown()
+            self._close_on_own_loop()
             if self._loop_thread is not None and not self._loop_thread.stop(_LOOP_STOP_TIMEOUT_S):
                 log.warning(
                     "the event loop of worker %s did not stop within %g s (a coroutine "
@@ -1065,19 +1078,62 @@ class Worker:
                 self._outcomes_started = True
             return self._event_loop
 
+    def _close_on_own_loop(self) -> None:
+        """Before :meth:`run` ends the event loop of its own: close, on that
+        loop, what was opened there on the app's behalf, the app's native
+        async store (opened by a task's ``await task.aenqueue()``); its end
+        would otherwise close it with a warning. The app's sync store is
+        the caller's, left open. Waits up to :data:`_LOOP_STOP_TIMEOUT_S`."""
+        loop_thread = self._loop_thread
+        if loop_thread is None:
+            return
+        import asyncio
+
+        try:
+            asyncio.run_coroutine_threadsafe(
+                self._app._aclose_loops_store(), loop_thread.loop
+            ).result(_LOOP_STOP_TIMEOUT_S)
+        except Exception:
+            log.warning(
+                "worker %s could not close the app's async store on its event loop, "
+                "which closes it as it ends",
+                self._worker_id,
+                exc_info=True,
+            )
+
     def _dispatch(self, jobs: list[_Coroutine]) -> None:
         """Hand claimed async jobs to the event loop: one thread hop."""
         try:
             loop = self._ensure_event_loop()
-            loop.call_soon_threadsafe(self._begin, jobs)
         except Exception:
-            log.exception(
-                "could not hand %d async job(s) to the event loop; their claims are left to lapse",
-                len(jobs),
-            )
-            for job in jobs:
-                self._heartbeater.remove(job.lease)
-                self._finish(job.token, "lost")
+            self._undispatched(jobs)
+            return
+        self._handed.extend(jobs)
+        try:
+            loop.call_soon_threadsafe(self._begin)
+        except Exception:  # the loop has closed: nothing handed to it will start
+            self._undispatched(self._take_handed())
+
+    def _undispatched(self, jobs: list[_Coroutine]) -> None:
+        """Async jobs the event loop could not be given: counted ``lost``,
+        their claims left to lapse."""
+        log.exception(
+            "could not hand %d async job(s) to the event loop; their claims are left to lapse",
+            len(jobs),
+        )
+        for job in jobs:
+            self._heartbeater.remove(job.lease)
+            self._finish(job.token, "lost")
+
+    def _take_handed(self) -> list[_Coroutine]:
+        """Take every job handed to the event loop and not started yet: the
+        loop will not start them."""
+        taken: list[_Coroutine] = []
+        while True:
+            try:
+                taken.append(self._handed.popleft())
+            except IndexError:
+                return taken
 
     def _await_here(self, coroutine: Coroutine[Any, Any, object]) -> None:
         """Run ``coroutine`` on the event loop and wait for it on this thread."""
@@ -1085,17 +1141,22 @@ class Worker:
 
         asyncio.run_coroutine_threadsafe(coroutine, self._ensure_event_loop()).result()
 
-    def _begin(self, jobs: list[_Coroutine]) -> None:
-        """On the event loop: start each job's coroutine as a task, a few
-        per step of the loop, so that a large batch never holds the loop
-        (the application's, under ``run_async``) for long."""
+    def _begin(self) -> None:
+        """On the event loop: start the coroutines of the jobs handed to it,
+        each as a task, at most :data:`_BEGIN_STEP` per step of the loop, so
+        that a large batch never holds the loop (the application's, under
+        ``run_async``) for long. A job is taken from :attr:`_handed` and its
+        task registered in one step, so that at the end of the grace period
+        every job is either started, and cancelled, or still handed, and
+        never started (:meth:`_cancel_coroutines`)."""
         import asyncio
 
         loop = asyncio.get_running_loop()
-        if len(jobs) > _BEGIN_STEP:
-            loop.call_soon(self._begin, jobs[_BEGIN_STEP:])
-            jobs = jobs[:_BEGIN_STEP]
-        for job in jobs:
+        for _ in range(_BEGIN_STEP):
+            try:
+                job = self._handed.popleft()
+            except IndexError:
+                return
             try:
                 task = loop.create_task(
                     self._run_coroutine(job), name=f"alkstore-job-{job.handle.id}"
@@ -1104,6 +1165,8 @@ class Worker:
                 self._hand_off(self._failed(job, exc))
                 continue
             self._coroutines[job.token] = task
+        if self._handed:
+            loop.call_soon(self._begin)
 
     async def _run_coroutine(self, job: _Coroutine) -> None:
         """On the event loop: run an async task's handler; hand what it did
@@ -1160,30 +1223,49 @@ class Worker:
             self._outcomes.submit(record)
 
     def _abandon(self, job: _Coroutine) -> None:
-        """A cancelled coroutine's job: no longer heartbeaten, left to lapse."""
+        """A job cancelled or never started at the end of the grace period:
+        no longer heartbeaten, left to lapse, not counted."""
         self._heartbeater.remove(job.lease)
         self._finish(job.token, None)
 
     def _cancel_coroutines(self) -> None:
-        """After the grace period: cancel the coroutines still running (their
-        jobs are left to lapse) and wait up to :data:`_CANCEL_WAIT_S` for
-        them to end."""
+        """After the grace period, every async job still running is left to
+        lapse: the jobs handed to the event loop and not started yet are
+        never started; the coroutines of those started are cancelled (and
+        awaited up to :data:`_CANCEL_WAIT_S`). Neither is counted, as a
+        sync job left running is not."""
         loop = self._event_loop
         if loop is None:
             return
         import asyncio
 
+        # First the unstarted ones, here: the loop starts no job it has not
+        # taken yet, so the cancellation, scheduled after, finds every job
+        # it took started.
+        unstarted = self._take_handed()
+        for job in unstarted:
+            self._abandon(job)
+        cancelled = 0
         try:
             future: Future[int] = asyncio.run_coroutine_threadsafe(self._cancel_all(), loop)
             cancelled = future.result(_CANCEL_WAIT_S)
+        except TimeoutError:
+            log.warning(
+                "worker %s: the event loop did not run the cancellation of the coroutines "
+                "still running within %g s (a coroutine holds it); they are cancelled once "
+                "it does, and their jobs left to lapse",
+                self._worker_id,
+                _CANCEL_WAIT_S,
+            )
         except Exception:
             log.warning("could not cancel the coroutines still running", exc_info=True)
-            return
-        if cancelled:
+        if cancelled or unstarted:
             log.warning(
-                "worker %s cancelled %d coroutine(s) still running; their jobs are left to lapse",
+                "worker %s cancelled %d coroutine(s) still running and did not start %d "
+                "async job(s) handed to its event loop; their jobs are left to lapse",
                 self._worker_id,
                 cancelled,
+                len(unstarted),
             )
 
     async def _cancel_all(self) -> int:

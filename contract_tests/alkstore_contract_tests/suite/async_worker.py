@@ -15,15 +15,18 @@ selects them.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
+import logging
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVarTuple
 
 import pytest
 
-from alkstore import App, Fail, Retry, ValidationError, WorkerCounts
+from alkstore import App, AsyncStore, Fail, Retry, ValidationError, WorkerCounts
 from alkstore_contract_tests._clock import T0, ManualClock
 from alkstore_contract_tests._worker_app import QUEUE, executions
 from alkstore_contract_tests.harness import StoreTarget, resolved
@@ -40,6 +43,35 @@ __all__ = ["AsyncWorkerTests"]
 #: How long a barrier of coroutines waits for all of them, seconds: they are
 #: all started at once, or the barrier is broken and the test fails.
 BARRIER_WAIT_S = 10.0
+
+
+_Ts = TypeVarTuple("_Ts")
+
+
+class _ReportingLoop(asyncio.SelectorEventLoop):
+    """An event loop that calls :attr:`after_threadsafe` (when set), on the
+    calling thread, once another thread has scheduled a callback on it."""
+
+    after_threadsafe: Callable[[], object] | None = None
+
+    def call_soon_threadsafe(
+        self,
+        callback: Callable[[*_Ts], object],
+        *args: *_Ts,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Handle:
+        handle = super().call_soon_threadsafe(callback, *args, context=context)
+        if self.after_threadsafe is not None:
+            self.after_threadsafe()
+        return handle
+
+
+async def until(predicate: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    """Await ``predicate()`` becoming true (bounded), letting the loop turn."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
 
 
 class AsyncWorkerTests(WorkerFixtures):
@@ -318,12 +350,14 @@ class AsyncWorkerTests(WorkerFixtures):
         app = worker_apps(clock=worker_clock)
         ends: list[str] = []
         done: list[str] = []
+        began: list[str] = []
 
         @app.task(queue=QUEUE, name="stuck")
         async def stuck(label: str) -> None:
             if ends:  # the rerun, after the reclaim
                 done.append(label)
                 return
+            began.append(label)
             try:
                 await asyncio.Event().wait()  # never set
             except asyncio.CancelledError:
@@ -336,7 +370,9 @@ class AsyncWorkerTests(WorkerFixtures):
         ids = stuck.enqueue_many([("polite",), ("stubborn",)])
         worker = app.worker(concurrency=2, grace_period_s=0.2, handle_signals=False)
         first = RunningWorker(worker)
-        wait_until(lambda: worker.running == 2, "both jobs to start")
+        # Both coroutines running, not only their slots taken (a job handed
+        # to the loop but not started yet is never started after a stop).
+        wait_until(lambda: len(began) == 2, "both jobs' coroutines to start")
         assert first.finish(timeout_s=WAIT_S).total == 0
         assert sorted(ends) == ["polite cancelled", "stubborn cancelled"]
         wait_until(lambda: worker.running == 0, "the cancelled coroutines to free their slots")
@@ -351,6 +387,99 @@ class AsyncWorkerTests(WorkerFixtures):
         assert again == WorkerCounts(succeeded=2)
         assert sorted(done) == ["polite", "stubborn"]
         assert [queue.get_job(job_id) for job_id in ids] == [None, None]
+
+    def test_async_worker_at_the_end_of_the_grace_period_no_handed_job_starts(
+        self,
+        worker_apps: AppFactory,
+        worker_clock: ManualClock,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        """At the end of the grace period every job handed to the event
+        loop is either started, and its coroutine cancelled, or never
+        started: none starts afterwards, to run on unheartbeaten. Here a
+        coroutine holds the loop (a blocking call) while a batch of 200
+        jobs, several of the loop's start steps, is claimed and handed to
+        it, and the grace period (0 s) ends before the loop is free again:
+        the coroutines running are cancelled, the batch's jobs never start;
+        none is counted, all are left claimed, and each runs once after its
+        claim lapses."""
+        app = worker_apps(clock=worker_clock)
+        early, late = [f"early-{i}" for i in range(5)], [f"late-{i}" for i in range(200)]
+        holding, release, second_round = threading.Event(), threading.Event(), threading.Event()
+        started: list[str] = []
+        cancelled: list[str] = []
+        rerun: list[str] = []
+
+        async def park(label: str) -> None:
+            started.append(label)
+            try:
+                await asyncio.Event().wait()  # never set
+            except asyncio.CancelledError:
+                cancelled.append(label)
+                raise
+
+        @app.task(queue=QUEUE, name="parked")
+        async def parked(label: str) -> None:
+            if second_round.is_set():  # the rerun, after the claims lapsed
+                rerun.append(label)
+                return
+            await park(label)
+
+        @app.task(queue=QUEUE, name="hog")
+        async def hog() -> None:
+            if second_round.is_set():
+                rerun.append("hog")
+                return
+            holding.set()
+            release.wait(WAIT_S)  # holds the loop, as a blocking call in a handler does
+            await park("hog")
+
+        ids = parked.enqueue_many([(label,) for label in early])
+        ids.append(hog.enqueue())
+        worker = app.worker(
+            concurrency=len(early) + 1 + len(late), grace_period_s=0, poll_interval_s=0.05
+        )
+
+        def control(loop: _ReportingLoop) -> None:
+            wait_until(lambda: holding.is_set() and len(started) == len(early), "the hog")
+            ids.extend(parked.enqueue_many([(label,) for label in late]))
+            wait_until(lambda: worker.running == len(ids), "the batch's claim, handed over")
+            # The first thing a thread schedules on the loop from now on is
+            # the worker's cancellation: the hog lets the loop go then.
+            loop.after_threadsafe = release.set
+            worker.stop()
+
+        async def main() -> WorkerCounts:
+            loop = asyncio.get_running_loop()
+            assert isinstance(loop, _ReportingLoop)
+            threading.Thread(target=control, args=(loop,), daemon=True).start()
+            counts = await worker.run_async()
+            await until(lambda: worker.running == 0, "every job to be left to lapse")
+            return counts
+
+        with (
+            caplog.at_level(logging.WARNING, logger="alkstore.worker"),
+            asyncio.Runner(loop_factory=_ReportingLoop) as runner,
+        ):
+            counts = runner.run(main())
+        assert counts == WorkerCounts()
+        assert sorted(started) == sorted([*early, "hog"])  # none of the batch's
+        assert sorted(cancelled) == sorted(started)
+        assert (
+            f"cancelled {len(early) + 1} coroutine(s) still running and did not start "
+            f"{len(late)} async job(s)"
+        ) in caplog.text
+        queue = app.queue(QUEUE)
+        for job_id in ids:
+            left = queue.get_job(job_id)
+            assert left is not None
+            assert (left.state, left.attempts) == ("processing", 1)
+
+        worker_clock.advance(31)  # the claims lapse
+        second_round.set()
+        again = app.worker(concurrency=16, handle_signals=False).run(burst=True)
+        assert again == WorkerCounts(succeeded=len(ids))
+        assert sorted(rerun) == sorted([*early, *late, "hog"])
 
     def test_async_worker_cancelling_run_async_stops_gracefully(
         self, worker_apps: AppFactory, worker_clock: ManualClock, worker_log_dir: str
@@ -462,6 +591,43 @@ class AsyncWorkerTests(WorkerFixtures):
                 sync_job.run_at,
                 sync_job.max_attempts,
             )
+
+    def test_async_worker_run_closes_the_async_store_its_tasks_opened(
+        self, url_app: App, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """``worker.run()`` (so ``alkstore worker``) runs async tasks on an
+        event loop of its own; a task that enqueues the documented way,
+        ``await other.aenqueue()``, opens the app's async store there (the
+        engine's native one, when it has one). The run closes it before its
+        loop ends and leaves the app's sync store open for its owner: no
+        warning, the jobs acked, and ``app.close()`` closes the rest."""
+        opened: list[AsyncStore] = []
+        ran: list[str] = []
+
+        @url_app.task(queue=QUEUE, name="second")
+        async def second() -> None:
+            ran.append("second")
+
+        @url_app.task(queue=QUEUE, name="first")
+        async def first() -> None:
+            opened.append(await url_app.astore())
+            await second.aenqueue()
+            ran.append("first")
+
+        first_id = first.enqueue()
+        with caplog.at_level(logging.WARNING):
+            counts = url_app.worker(handle_signals=False).run(burst=True)
+            sync_store = url_app.store
+            open_after_run = not sync_store.closed  # the caller's
+            assert url_app.queue(QUEUE).get_job(first_id) is None  # acked
+            url_app.close()
+        assert counts == WorkerCounts(succeeded=2)
+        assert ran == ["first", "second"]
+        assert len(opened) == 1
+        assert opened[0].closed
+        assert (open_after_run, sync_store.closed) == (True, True)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert warnings == []
 
     def test_async_worker_aenqueue_tx_commits_and_rolls_back_with_the_caller(
         self, alkstore_target: StoreTarget, url_app: App, worker_log_dir: str
