@@ -22,6 +22,7 @@ import pytest
 import alkstore
 import alkstore_sqlite
 from alkstore.engine import check_schema_version, redact_url
+from alkstore.runtime.signals import EXIT_AFTER_S
 
 WAIT_S = 60.0
 
@@ -390,6 +391,58 @@ def test_sigterm_lets_the_running_job_finish(project: Path, url: str) -> None:
     assert "succeeded" in stderr
     table = ok(command(project, "--url", url, "stats", "-q", "mail"))
     assert table.splitlines()[1].split() == ["mail", "0", "0", "0", "0", "0", "no"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_signal_ends_the_worker_within_3_s_even_with_its_loop_blocked(
+    project: Path, url: str, signum: int
+) -> None:
+    """docs/command.md: after a second signal the worker returns, or the
+    signal ends the process 3 s after it was sent, however its run's end
+    is held up (here an async task that blocks the worker's event loop)."""
+    (project / "blocking.py").write_text(
+        textwrap.dedent(
+            """
+            import time
+            from pathlib import Path
+            import alkstore
+
+            app = alkstore.App()
+
+            @app.task(queue="aio", name="blocks")
+            async def blocks(name):
+                # A sync call in an async task blocks the worker's event loop.
+                (Path(__file__).parent / f"started-{name}").write_text("")
+                time.sleep(20)
+            """
+        )
+    )
+    ok(command(project, "--url", url, "enqueue", "aio", '{"task": "blocks", "args": ["b"]}'))
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "alkstore", "--url", url, "worker", "blocking:app"],
+        cwd=project,
+        env=environ,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(project / "started-b")
+        worker.send_signal(signum)
+        assert worker.stderr is not None
+        for line in worker.stderr:  # the first signal taken: the grace period began
+            if "received: stopping" in line:
+                break
+        worker.send_signal(signum)
+        sent = time.monotonic()
+        _, stderr = worker.communicate(timeout=WAIT_S)
+        took = time.monotonic() - sent
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+    assert worker.returncode in (0, -signum), stderr
+    assert took < EXIT_AFTER_S + 1.5, stderr
 
 
 def test_stats_watch_redraws_until_interrupted(project: Path, url: str) -> None:

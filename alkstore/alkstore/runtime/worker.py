@@ -682,8 +682,11 @@ class Worker:
         )
         self._heartbeater.start()
         self._completer.start()
-        try:
-            with stop_signals(self._on_signal, install=install_signals):
+        # The whole run, its cleanup included, inside the signal handlers: if
+        # run() has not returned 3 s after a second signal, that signal ends
+        # the process (signals.EXIT_AFTER_S).
+        with stop_signals(self._on_signal, install=install_signals):
+            try:
                 if relays and any(
                     handler_kind(send, "a relay's send") == "async"
                     for send in self._app.relays.values()
@@ -697,25 +700,18 @@ class Worker:
                 finally:
                     self._drain()
                     self._close_completer()
-        finally:
-            self._close_completer()  # idempotent; here if the block above raised
-            self._heartbeater.stop()
-            pool.shutdown()
-            self.stop()
-            self._relay_stop.set()
-            for thread in listeners + relays:
-                thread.join(_LISTEN_SLICE_S * 4)
-            for sub in subscriptions:
-                sub.close()
-            self._outcomes.shutdown()
-            self._close_on_own_loop()
-            if self._loop_thread is not None and not self._loop_thread.stop(_LOOP_STOP_TIMEOUT_S):
-                log.warning(
-                    "the event loop of worker %s did not stop within %g s (a coroutine "
-                    "blocks it); it is left running on its daemon thread",
-                    self._worker_id,
-                    _LOOP_STOP_TIMEOUT_S,
-                )
+            finally:
+                self._close_completer()  # idempotent; here if the block above raised
+                self._heartbeater.stop()
+                pool.shutdown()
+                self.stop()
+                self._relay_stop.set()
+                for thread in listeners + relays:
+                    thread.join(_LISTEN_SLICE_S * 4)
+                for sub in subscriptions:
+                    sub.close()
+                self._outcomes.shutdown()
+                self._stop_own_loop()
         counts = self.counts
         log.info(
             "worker %s stopped: %d succeeded, %d retried, %d dead, %d lost, %d cancelled%s",
@@ -1078,12 +1074,32 @@ class Worker:
                 self._outcomes_started = True
             return self._event_loop
 
-    def _close_on_own_loop(self) -> None:
+    def _stop_own_loop(self) -> None:
+        """End the event loop :meth:`run` owns, if it started one: close
+        what was opened on it for the app (:meth:`_close_on_own_loop`),
+        then stop it. Each waits up to :data:`_LOOP_STOP_TIMEOUT_S`, or
+        :data:`_ACK_ABORT_TIMEOUT_S` after a second signal (a coroutine
+        that blocks the loop must not hold the exit up)."""
+        loop_thread = self._loop_thread
+        if loop_thread is None:
+            return
+        with self._cond:
+            wait_s = _ACK_ABORT_TIMEOUT_S if self._aborting else _LOOP_STOP_TIMEOUT_S
+        self._close_on_own_loop(wait_s)
+        if not loop_thread.stop(wait_s):
+            log.warning(
+                "the event loop of worker %s did not stop within %g s (a coroutine "
+                "blocks it); it is left running on its daemon thread",
+                self._worker_id,
+                wait_s,
+            )
+
+    def _close_on_own_loop(self, wait_s: float) -> None:
         """Before :meth:`run` ends the event loop of its own: close, on that
         loop, what was opened there on the app's behalf, the app's native
         async store (opened by a task's ``await task.aenqueue()``); its end
         would otherwise close it with a warning. The app's sync store is
-        the caller's, left open. Waits up to :data:`_LOOP_STOP_TIMEOUT_S`."""
+        the caller's, left open. Waits up to ``wait_s`` seconds."""
         loop_thread = self._loop_thread
         if loop_thread is None:
             return
@@ -1092,7 +1108,7 @@ class Worker:
         try:
             asyncio.run_coroutine_threadsafe(
                 self._app._aclose_loops_store(), loop_thread.loop
-            ).result(_LOOP_STOP_TIMEOUT_S)
+            ).result(wait_s)
         except Exception:
             log.warning(
                 "worker %s could not close the app's async store on its event loop, "

@@ -410,16 +410,16 @@ class WorkerTests(WorkerFixtures):
 
         assert counts == WorkerCounts(dead=3)
         assert ran == []
-        for job_id, kind in (
-            (coroutine_job, "coroutine"),
-            (generator_job, "generator"),
-            (nested_job, "coroutine"),
+        for job_id, said in (
+            (coroutine_job, "returned a coroutine instead of running"),
+            (generator_job, "returned a generator instead of running"),
+            (nested_job, "returned a coroutine from its coroutine"),
         ):
             dead = queue.get_job(job_id)
             assert dead is not None
             assert (dead.state, dead.attempts) == ("dead", 1)
             assert dead.last_error is not None
-            assert f"returned a {kind} instead of running" in dead.last_error
+            assert said in dead.last_error
 
     def test_case_015_writes_on_held_jobs_are_retried_through_a_passing_fault(
         self,
