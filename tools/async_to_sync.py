@@ -154,6 +154,7 @@ NAMES = {
     "AWaker": "Waker",
     "AWakeLatch": "WakeLatch",
     "afrom_thread": "from_thread",
+    "atake_whole": "take_whole",
     # In text: what an application's stop event is (AEvent, Event), and an
     # article.
     "an asyncio.Event": "a threading.Event",

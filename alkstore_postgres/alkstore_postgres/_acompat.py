@@ -13,6 +13,8 @@ condition, a task or a thread, ``sleep``, ``is_async``) are alkstore's
 - ``Busy``/``ABusy``: a mutex taken without waiting (compaction);
 - ``Waker``/``AWaker``: what wakes the listener waiting on its socket;
 - ``WakeLatch``/``AWakeLatch``: a subscription's latch;
+- ``take_whole``/``atake_whole``: taking a pooled connection, which a
+  cancellation never cuts in half;
 - ``aclose_at_loop_end``, with no sync twin (it runs under ``if is_async():``).
 
 Each pair has one meaning and two implementations: the sync one for
@@ -31,8 +33,8 @@ import contextlib
 import logging
 import select
 import socket
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from alkstore.engine import Lock, WakeLatch
 from alkstore.engine_async import AEvent, ASpawned, aspawn, await_event
@@ -46,7 +48,9 @@ __all__ = [
     "Waker",
     "aclose_at_loop_end",
     "afrom_thread",
+    "atake_whole",
     "from_thread",
+    "take_whole",
 ]
 
 T = TypeVar("T")
@@ -70,6 +74,32 @@ def afrom_thread(fn: Callable[[T], None]) -> Callable[[T], None]:
             loop.call_soon_threadsafe(fn, arg)
 
     return call
+
+
+def take_whole(take: Callable[[], T], give_back: Callable[[T], object]) -> T:
+    """``take()``: a thread is never interrupted halfway through it."""
+    return take()
+
+
+async def atake_whole(
+    take: Callable[[], Awaitable[T]], give_back: Callable[[T], Coroutine[Any, Any, None]]
+) -> T:
+    """``await take()``, which a cancellation of the caller never cuts in
+    half: it runs as a task of its own, and if the caller is cancelled
+    meanwhile, that task still finishes and what it took goes back through
+    ``give_back`` (a pooled connection cancelled while psycopg_pool hands
+    it over would otherwise be lost to the pool for good)."""
+    task = asyncio.ensure_future(take())
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+
+        def finished(done: asyncio.Future[T]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                aspawn(give_back, (done.result(),), name="give back a cancelled take")
+
+        task.add_done_callback(finished)
+        raise
 
 
 class Busy:

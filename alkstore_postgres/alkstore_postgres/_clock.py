@@ -44,8 +44,9 @@ class ServerClock(ClockSample):
     Parameters
     ----------
     sample
-        Reads the server's clock (see :data:`Sample`); called at most
-        once per :data:`RESAMPLE_AFTER_S` seconds, under a lock.
+        Reads the server's clock on a pooled connection (see
+        :data:`Sample`); called at most once per
+        :data:`RESAMPLE_AFTER_S` seconds, under a lock.
     monotonic
         The local monotonic clock, in seconds (tests pass a fake one).
     """
@@ -63,7 +64,11 @@ class ServerClock(ClockSample):
         sample
             Reads the server's clock if a re-sample is due, instead of the
             one given at construction (an operation passes one on the
-            connection it holds).
+            connection it holds). It runs at once, outside the lock: the
+            lock's holder may be waiting for a pooled connection, this
+            caller's (with ``pool_max_size=1`` both would wait out the
+            pool's timeout). Concurrent holders may each sample once; the
+            latest sample wins.
 
         Raises
         ------
@@ -71,9 +76,12 @@ class ServerClock(ClockSample):
             If a needed re-sample fails.
         """
         now = self.reading()
-        if now is None:
-            with self._lock:
-                now = self.reading()
-                if now is None:
-                    now = self.set_sample(*(sample or self._sample)())
+        if now is not None:
+            return now
+        if sample is not None:
+            return self.set_sample(*sample())
+        with self._lock:
+            now = self.reading()
+            if now is None:
+                now = self.set_sample(*self._sample())
         return now

@@ -42,8 +42,9 @@ class AsyncServerClock(ClockSample):
     Parameters
     ----------
     sample
-        Reads the server's clock (see :data:`AsyncSample`); called at most
-        once per :data:`RESAMPLE_AFTER_S` seconds, under a lock.
+        Reads the server's clock on a pooled connection (see
+        :data:`AsyncSample`); called at most once per
+        :data:`RESAMPLE_AFTER_S` seconds, under a lock.
     monotonic
         The local monotonic clock, in seconds (tests pass a fake one).
     """
@@ -63,7 +64,11 @@ class AsyncServerClock(ClockSample):
         sample
             Reads the server's clock if a re-sample is due, instead of the
             one given at construction (an operation passes one on the
-            connection it holds).
+            connection it holds). It runs at once, outside the lock: the
+            lock's holder may be waiting for a pooled connection, this
+            caller's (with ``pool_max_size=1`` both would wait out the
+            pool's timeout). Concurrent holders may each sample once; the
+            latest sample wins.
 
         Raises
         ------
@@ -71,9 +76,12 @@ class AsyncServerClock(ClockSample):
             If a needed re-sample fails.
         """
         now = self.reading()
-        if now is None:
-            async with self._lock:
-                now = self.reading()
-                if now is None:
-                    now = self.set_sample(*await (sample or self._sample)())
+        if now is not None:
+            return now
+        if sample is not None:
+            return self.set_sample(*await sample())
+        async with self._lock:
+            now = self.reading()
+            if now is None:
+                now = self.set_sample(*await self._sample())
         return now

@@ -32,7 +32,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from alkstore.engine import Lock, spawn
 from alkstore.errors import StoreClosedError
-from alkstore_postgres._acompat import from_thread
+from alkstore_postgres._acompat import from_thread, take_whole
 from alkstore_postgres._connection import (
     DATABASE_IDENTITY,
     DEFAULT_ISOLATION,
@@ -300,7 +300,7 @@ class Database:
             If the pool was closed (the store is closed).
         """
         try:
-            conn = self._getconn()
+            conn = take_whole(self._getconn, self._pool.putconn)
         except PoolClosed as error:
             raise StoreClosedError("the store is closed") from error
         except psycopg.Error as error:

@@ -31,7 +31,7 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from alkstore.engine_async import ALock, asleep, aspawn, is_async
 from alkstore.errors import StoreClosedError
-from alkstore_postgres._acompat import aclose_at_loop_end, afrom_thread
+from alkstore_postgres._acompat import aclose_at_loop_end, afrom_thread, atake_whole
 from alkstore_postgres._connection import (
     DATABASE_IDENTITY,
     DEFAULT_ISOLATION,
@@ -312,7 +312,7 @@ class AsyncDatabase:
             If the pool was closed (the store is closed).
         """
         try:
-            conn = await self._getconn()
+            conn = await atake_whole(self._getconn, self._pool.putconn)
         except PoolClosed as error:
             raise StoreClosedError("the store is closed") from error
         except psycopg.Error as error:

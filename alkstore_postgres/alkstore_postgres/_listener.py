@@ -227,19 +227,25 @@ class Listener:
             self._cond.notify_all()
         for result in calls:
             result.fail(StoreClosedError("the store is closed"))
+        # Before any wait: a stop that is itself cancelled (or times out)
+        # still leaves no waiter blocked.
+        for latch in latches:
+            latch.set()
         with self._start_lock:
             worker = self._worker
-        if worker is not None:
+        if worker is None:
+            return
+        ended = False
+        try:
             self._poke()
             ended = join(worker, _STOP_GRACE_S)
             conn = self._conn
             if not ended and conn is not None:
                 self._watchdog.interrupt(conn)
             ended = ended or join(worker, _STOP_TIMEOUT_S)
+        finally:
             if ended and self._waker is not None:
                 self._waker.close()
-        for latch in latches:
-            latch.set()
 
     def _after_fork_in_child(self) -> None:
         # The listener did not survive fork(), and its connection shares its

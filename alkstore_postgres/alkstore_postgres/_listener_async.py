@@ -228,23 +228,29 @@ class AsyncListener:
             self._cond.notify_all()
         for result in calls:
             result.fail(StoreClosedError("the store is closed"))
+        # Before any wait: a stop that is itself cancelled (or times out)
+        # still leaves no waiter blocked.
+        for latch in latches:
+            latch.set()
         async with self._start_lock:
             worker = self._worker
-        if worker is not None:
+        if worker is None:
+            return
+        ended = False
+        try:
             self._poke()
             ended = await ajoin(worker, _STOP_GRACE_S)
             conn = self._conn
             if not ended and conn is not None:
                 self._watchdog.interrupt(conn)
             ended = ended or await ajoin(worker, _STOP_TIMEOUT_S)
+        finally:
             if ended and self._waker is not None:
                 self._waker.close()
             if is_async():
                 # A task still running is cancelled (a no-op for one that
-                # ended); a thread cannot be.
+                # ended), even when this stop was; a thread cannot be.
                 worker.cancel()
-        for latch in latches:
-            latch.set()
 
     def _after_fork_in_child(self) -> None:
         # The listener did not survive fork(), and its connection shares its

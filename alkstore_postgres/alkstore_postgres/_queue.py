@@ -28,7 +28,7 @@ from alkstore.engine import EncodedPayload, Resolved
 from alkstore.errors import EngineError, ValidationError
 from alkstore_postgres import _operations
 from alkstore_postgres._connection import check_tx_connection, wrap_errors
-from alkstore_postgres._database import database_identity
+from alkstore_postgres._database import Conn, database_identity
 from alkstore_postgres._handle import PostgresJobHandle
 from alkstore_postgres._rows import job_from_row
 from alkstore_postgres._sql.queue import (
@@ -90,7 +90,6 @@ class PostgresQueue(Queue):
 
     def _insert_tx(self, conn: Any, resolved: Resolved, payload: EncodedPayload) -> int:
         check_tx_connection(conn, psycopg.Connection)
-        statement, params = insert(self._name, self._channel, resolved, [payload])
         store = self._pg_store
         with wrap_errors():
             theirs = database_identity(conn)
@@ -100,10 +99,19 @@ class PostgresQueue(Queue):
                     f"enqueue_tx needs a connection to the store's database "
                     f"({store._database[1]!r} of {store._url}); this one is on {where}"
                 )
-            # The caller's connection may have its own row factory: a cursor
-            # of our own. alkstore never commits or rolls it back.
-            with conn.cursor(row_factory=tuple_row) as cur:
-                row = cur.execute(store.sql(statement), params).fetchone()
+            return self._insert_on(conn, resolved, payload)
+
+    def _insert_on(self, conn: Conn, resolved: Resolved, payload: EncodedPayload) -> int:
+        """The insert of ``_insert_tx`` in ``conn``'s open transaction, with
+        no check of ``conn``: for a connection the engine already knows is
+        its database's (a schedule's firing borrows one from the pool; the
+        identity check would borrow a second after a restart, which a pool
+        of one never has). Never commits or rolls back."""
+        statement, params = insert(self._name, self._channel, resolved, [payload])
+        # The caller's connection may have its own row factory: a cursor
+        # of our own.
+        with conn.cursor(row_factory=tuple_row) as cur:
+            row = cur.execute(self._pg_store.sql(statement), params).fetchone()
         return inserted_ids(row, 1)[0]
 
     def _claim(self, worker_id: str, n: int) -> list[JobHandle]:

@@ -26,7 +26,7 @@ from alkstore.engine import EncodedPayload, Resolved
 from alkstore.errors import EngineError, ValidationError
 from alkstore_postgres import _operations_async
 from alkstore_postgres._connection import check_tx_connection, wrap_errors
-from alkstore_postgres._database_async import database_identity
+from alkstore_postgres._database_async import AsyncConn, database_identity
 from alkstore_postgres._handle_async import AsyncPostgresJobHandle
 from alkstore_postgres._rows import job_from_row
 from alkstore_postgres._sql.queue import (
@@ -88,7 +88,6 @@ class AsyncPostgresQueue(AsyncQueue):
 
     async def _insert_tx(self, conn: Any, resolved: Resolved, payload: EncodedPayload) -> int:
         check_tx_connection(conn, psycopg.AsyncConnection)
-        statement, params = insert(self._name, self._channel, resolved, [payload])
         store = self._pg_store
         with wrap_errors():
             theirs = await database_identity(conn)
@@ -98,10 +97,19 @@ class AsyncPostgresQueue(AsyncQueue):
                     f"enqueue_tx needs a connection to the store's database "
                     f"({store._database[1]!r} of {store._url}); this one is on {where}"
                 )
-            # The caller's connection may have its own row factory: a cursor
-            # of our own. alkstore never commits or rolls it back.
-            async with conn.cursor(row_factory=tuple_row) as cur:
-                row = await (await cur.execute(store.sql(statement), params)).fetchone()
+            return await self._insert_on(conn, resolved, payload)
+
+    async def _insert_on(self, conn: AsyncConn, resolved: Resolved, payload: EncodedPayload) -> int:
+        """The insert of ``_insert_tx`` in ``conn``'s open transaction, with
+        no check of ``conn``: for a connection the engine already knows is
+        its database's (a schedule's firing borrows one from the pool; the
+        identity check would borrow a second after a restart, which a pool
+        of one never has). Never commits or rolls back."""
+        statement, params = insert(self._name, self._channel, resolved, [payload])
+        # The caller's connection may have its own row factory: a cursor
+        # of our own.
+        async with conn.cursor(row_factory=tuple_row) as cur:
+            row = await (await cur.execute(self._pg_store.sql(statement), params)).fetchone()
         return inserted_ids(row, 1)[0]
 
     async def _claim(self, worker_id: str, n: int) -> list[AsyncJobHandle]:

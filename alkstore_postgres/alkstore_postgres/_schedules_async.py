@@ -5,7 +5,7 @@ A schedule is stored as the flat columns of
 :data:`alkstore.contract.schedule.SCHEDULE_COLUMNS` (the enqueue options as one
 JSON text). Firing a boundary is one transaction: a conditional UPDATE of
 the schedule row guarded by its ``revision`` and ``next_run_at``, then the
-job's insert through :meth:`AsyncPostgresQueue._insert_tx` (the enqueue path's
+job's insert through :meth:`AsyncPostgresQueue._insert_on` (the enqueue path's
 own statement and wake, sent on commit), then ``last_job_id``; a failed
 insert rolls the UPDATE back with it. The UPDATE takes the row's lock with
 ``SKIP LOCKED``: a tick that finds another transaction holding the row
@@ -102,7 +102,7 @@ async def fire_schedule(
     async with store._db.connection() as conn, conn.transaction():
         if (await conn.execute(store.sql(ADVANCE), params)).rowcount != 1:
             return None  # the transaction ends with nothing written
-        job_id = await queue._insert_tx(conn, resolved, payload)
+        job_id = await queue._insert_on(conn, resolved, payload)
         await conn.execute(store.sql(SET_LAST_JOB), {"job_id": job_id, "name": schedule.name})
     return job_id
 

@@ -511,6 +511,78 @@ def test_no_connection_in_time_says_every_one_was_in_use(postgres_url: str, sche
     assert not error.permanent
 
 
+def test_a_cancelled_close_still_wakes_every_waiter_and_closes_the_pool(
+    postgres_url: str, schema: str
+) -> None:
+    """``close()`` cancelled at any step (a lifespan's shutdown timing out)
+    never strands a coroutine waiting on a subscription: each is woken at
+    once, and the store ends closed."""
+
+    async def main() -> list[int]:
+        stranded = []
+        for steps in range(1, 8):  # (at 0 the close would not have begun)
+            store = await alkstore.open_async(postgres_url, schema=schema)
+            assert isinstance(store, AsyncPostgresStore)
+            sub = await store.listen("jobs")
+            waiter = asyncio.create_task(sub.wait(WAIT_S))
+            closing = asyncio.create_task(store.close())
+            for _ in range(steps):  # cancelled after `steps` turns of the loop
+                await asyncio.sleep(0)
+            closing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await closing
+            done, _ = await asyncio.wait({waiter}, timeout=WAIT_S / 6)
+            if waiter not in done:
+                stranded.append(steps)
+                waiter.cancel()
+            assert store._db._pool.closed
+        return stranded
+
+    assert run(main()) == []
+
+
+def test_a_cancellation_while_taking_a_connection_never_loses_it(
+    postgres_url: str, schema: str, admin: psycopg.Connection[Any]
+) -> None:
+    """A task cancelled at any step of borrowing a pooled connection (while
+    the pool hands one over, while a dead one is dropped and replaced)
+    leaves the pool whole: with a pool of one, the next borrow gets it."""
+
+    async def main() -> list[tuple[int, bool]]:
+        lost = []
+        async with alkstore.open_async(
+            postgres_url, schema=schema, pool_max_size=1, pool_timeout_s=2.0
+        ) as store:
+            assert isinstance(store, AsyncPostgresStore)
+            db = store._db
+
+            async def select_1() -> None:
+                async with db.connection() as conn:
+                    await conn.execute("SELECT 1")
+
+            for steps in range(12):
+                for kill in (False, True):
+                    if kill:  # the pooled connection dies while idle
+                        pid = await backend_pid(store)
+                        await asyncio.to_thread(
+                            admin.execute, "SELECT pg_terminate_backend(%s)", [pid]
+                        )
+                    task = asyncio.create_task(select_1())
+                    for _ in range(steps):  # cancelled after `steps` turns of the loop
+                        await asyncio.sleep(0)
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                    try:
+                        await select_1()
+                    except EngineError:
+                        lost.append((steps, kill))  # its pool is empty for good
+                        return lost
+        return lost
+
+    assert run(main()) == []
+
+
 def test_no_connection_in_time_says_connecting_failed_and_why(cluster: Cluster) -> None:
     async def main() -> list[EngineError]:
         errors: list[EngineError] = []

@@ -47,6 +47,7 @@ from postgres_workers import (
 import alkstore
 from alkstore import QueueOpts
 from alkstore.errors import EngineError
+from alkstore_contract_tests import ManualClock
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -350,3 +351,31 @@ def test_a_claim_and_an_ack_that_waited_out_an_outage_are_judged_when_they_run(
         # The claim holds: nobody else can take the job, and it can beat.
         assert other.queue("jobs", opts).claim_one("other") is None
         assert claimed.heartbeat()
+
+
+def test_a_pool_of_one_fires_schedules_after_a_restart(cluster: Cluster) -> None:
+    """A schedule's firing runs on the one pooled connection it borrowed:
+    after a restart changed the server's identity, nothing in it asks the
+    pool for a second (a pool of one would wait out ``pool_timeout_s`` on
+    every tick, and no schedule would fire again)."""
+    clock = ManualClock()
+    with alkstore.open(
+        cluster.url(),
+        schema=fresh_schema_name(),
+        clock=clock,
+        pool_max_size=1,
+        pool_timeout_s=QUERY_TIMEOUT_S,
+        query_timeout_s=QUERY_TIMEOUT_S,
+    ) as store:
+        store.schedule("beat", "@every 1s", "beats", {"beat": True})
+        scheduler = alkstore.Scheduler(store)
+        clock.advance(1)
+        assert len(scheduler.tick()) == 1
+        cluster.restart("fast")
+        clock.advance(1)
+        fired = wait_until(scheduler.tick, "a tick after the restart to fire the schedule")
+        assert len(fired) == 1
+        assert [h.payload for h in store.queue("beats").claim_batch("w", 5)] == [
+            {"beat": True},
+            {"beat": True},
+        ]

@@ -4,6 +4,8 @@ session's TimeZone and DateStyle (docs/contract.md §3 "Time")."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -176,3 +178,40 @@ def test_server_time_in_any_session_time_zone(
     now = store._now()
     assert now.tzinfo is UTC
     assert abs(now - server_now(admin)) < timedelta(milliseconds=200)
+
+
+def test_an_operation_holding_the_only_connection_never_waits_for_a_resample(
+    open_pg: Callable[..., PostgresStore],
+) -> None:
+    """A re-sample of the server's clock borrows a pooled connection under
+    the clock's lock; an operation that holds a connection samples on it
+    without that lock. With a pool of one, a claim holding the connection
+    while another call waits for it under the lock goes on, and then the
+    waiting call gets the connection: neither waits out ``pool_timeout_s``."""
+    store = open_pg(clock=None, pool_max_size=1, pool_timeout_s=10.0)
+    lock = store._server_clock._lock
+    outcome: list[object] = []
+    store._server_clock._base = None  # as when the sample is a minute old
+    with store._db.connection() as conn:
+        waiter = threading.Thread(target=lambda: outcome.append(_now_or_error(store)))
+        waiter.start()
+        deadline = time.monotonic() + 10.0
+        while not lock.locked():  # the waiter took the lock, and waits for `conn`
+            assert time.monotonic() < deadline, "the waiter never took the clock's lock"
+            time.sleep(0.001)
+        held = store._now_on(conn)
+        # The waiter still waits for `conn`: no pool timeout passed.
+        assert lock.locked()
+        assert waiter.is_alive()
+    waiter.join(30.0)
+    assert not waiter.is_alive()
+    [now] = outcome
+    assert isinstance(now, datetime), now
+    assert held <= now < held + timedelta(seconds=5)
+
+
+def _now_or_error(store: PostgresStore) -> object:
+    try:
+        return store._now()
+    except Exception as error:
+        return error
