@@ -235,6 +235,28 @@ def test_a_bug_around_an_async_job_frees_its_slot_and_leaves_it_to_lapse(
 # -- run_async inside a serving loop ------------------------------------------
 
 
+def test_run_inside_a_running_loop_is_refused_and_run_async_still_runs(app: App) -> None:
+    """``Worker.run()`` would block a running loop until the worker stops:
+    refused as ``asyncio.run`` refuses, naming ``run_async``, before the
+    worker counts as run."""
+    ran: list[int] = []
+
+    @app.task(queue="q", name="note")
+    async def note(n: int) -> None:
+        ran.append(n)
+
+    note.enqueue(1)
+
+    async def main() -> WorkerCounts:
+        worker = app.worker(queues=["q"], handle_signals=False)
+        with pytest.raises(RuntimeError, match=r"await worker\.run_async\(\)"):
+            worker.run(burst=True)
+        return await worker.run_async(burst=True)
+
+    assert asyncio.run(main()) == WorkerCounts(succeeded=1)
+    assert ran == [1]
+
+
 class SlowSteps(logging.Handler):
     """Collects asyncio's debug-mode warnings of slow loop steps taken by
     the worker: its job tasks and its callbacks."""

@@ -279,8 +279,9 @@ class Database:
         """
         return self.watchdog.guard(conn)
 
-    def open(self) -> None:
-        """Start the pool; its connections are made in the background."""
+    def open(self, owner: str) -> None:
+        """Start the pool; its connections are made in the background.
+        ``owner`` names the store in messages (its ``repr``)."""
         with wrap_errors():
             self._pool.open(wait=False)
         self._opened = True

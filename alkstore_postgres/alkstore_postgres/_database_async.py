@@ -287,15 +287,16 @@ class AsyncDatabase:
         """
         return self.watchdog.guard(conn)
 
-    async def open(self) -> None:
-        """Start the pool; its connections are made in the background."""
+    async def open(self, owner: str) -> None:
+        """Start the pool; its connections are made in the background.
+        ``owner`` names the store in messages (its ``repr``)."""
         with wrap_errors():
             await self._pool.open(wait=False)
         self._opened = True
         if is_async():
             # A pool left open would keep its loop from ending (see
             # aclose_at_loop_end).
-            self._closer = aclose_at_loop_end(self.close, lambda: self._closed, repr(self._name))
+            self._closer = aclose_at_loop_end(self.close, lambda: self._closed, owner)
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConn]:

@@ -234,7 +234,7 @@ class PostgresStore(Store):
                     self._database = database_identity(conn)
             finally:
                 conn.close()
-            self._db.open()
+            self._db.open(repr(self))
         except BaseException:
             self._closed = True
             self._db.close()

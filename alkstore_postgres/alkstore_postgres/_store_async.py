@@ -238,7 +238,7 @@ class AsyncPostgresStore(AsyncStore):
                         self._database = await database_identity(conn)
             finally:
                 await conn.close()
-            await self._db.open()
+            await self._db.open(repr(self))
         except BaseException:
             self._closed = True
             await self._db.close()

@@ -33,6 +33,7 @@ from test_postgres_stalls import BOUND_S, SLACK_S, alive
 import alkstore
 from alkstore import AsyncStore, Job, QueueOpts
 from alkstore.contract.threaded import ThreadedAsyncStore
+from alkstore.engine import redact_url
 from alkstore.errors import EngineError, ValidationError
 from alkstore_postgres import (
     AsyncPostgresJobHandle,
@@ -898,6 +899,7 @@ def test_a_loop_that_ends_with_the_store_open_closes_it_instead_of_hanging(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["closed", "closed"]
-    assert done.stderr.count("the event loop is ending with 'alkstore-") == 2
+    store = f"<AsyncPostgresStore {redact_url(postgres_url)!r} schema={schema!r}>"
+    assert done.stderr.count(f"the event loop is ending with {store} still open") == 2
     assert "still open: closing it now" in done.stderr
     assert time.monotonic() - started < WAIT_S / 2

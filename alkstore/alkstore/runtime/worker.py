@@ -45,6 +45,7 @@ import os
 import secrets
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable
@@ -212,6 +213,19 @@ def _default_worker_id() -> str:
 
 def _every(chore: str, interval_s: float | None) -> str:
     return f"no {chore}" if interval_s is None else f"{chore} every {interval_s:g} s"
+
+
+def _loop_running() -> bool:
+    """Whether an asyncio event loop runs in this thread (none can unless
+    asyncio was imported: the check imports nothing)."""
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None:
+        return False
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 class Worker:
@@ -546,7 +560,10 @@ class Worker:
         Raises
         ------
         RuntimeError
-            If this worker already ran (a worker runs once).
+            If this worker already ran (a worker runs once), or if an event
+            loop runs in this thread: the run would block it for its whole
+            length (as ``asyncio.run`` refuses); ``await`` :meth:`run_async`
+            there.
         StoreClosedError
             If the app's store is closed while the worker runs.
         EngineError
@@ -559,6 +576,11 @@ class Worker:
         UnknownEngineError, SchemaVersionError, EngineError, ValidationError
             If the app's store cannot be opened.
         """
+        if _loop_running():
+            raise RuntimeError(
+                "Worker.run() cannot be called from a running event loop, which it would "
+                "block until the worker stops; use `await worker.run_async()` there"
+            )
         self._begin_run()
         return self._run(burst, install_signals=self._handle_signals is not False)
 
