@@ -214,6 +214,19 @@ def test_enqueue_many_is_one_call_per_item(app: App) -> None:
     assert task.enqueue_many([]) == []
 
 
+def test_enqueue_many_names_the_refused_call_and_stores_nothing(app: App) -> None:
+    task = app.task(add)
+    refusals = {
+        r"calls\[1\]: each call must be a list or tuple": [(1,), 2],
+        r"calls\[2\]: task '": [(1,), (2,), (1, 2, 3, 4)],
+        r"payloads\[1\]: payload\['args'\]\[0\] is of type set": [(1,), ({2},)],
+    }
+    for said, calls in refusals.items():
+        with pytest.raises(ValidationError, match=f"^{said}"):
+            task.enqueue_many(calls)
+    assert tuple(app.queue("default").stats()) == (0, 0, 0, 0)
+
+
 def test_enqueue_tx_uses_the_callers_transaction(app: App, url: str) -> None:
     import sqlite3
 

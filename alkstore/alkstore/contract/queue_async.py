@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from alkstore.contract.job import Job, QueueStats, SweepResult
 from alkstore.errors import ValidationError
 from alkstore.logic import validation as v
-from alkstore.logic.codec import EncodedPayload, encode_payload
+from alkstore.logic.codec import EncodedPayload, encode_payload, encode_payloads
 from alkstore.logic.duration import duration
 from alkstore.logic.options import QueueOpts
 from alkstore.logic.resolution import EnqueueOptions, Resolved, enqueue_options, resolve
@@ -62,12 +62,10 @@ class AsyncQueue(abc.ABC):
 
     # -- enqueue -------------------------------------------------------------
 
-    async def _prepare(
-        self, payloads: Iterable[object], options: EnqueueOptions
-    ) -> tuple[Resolved, list[EncodedPayload]]:
-        # Every payload is encoded (and so checked) before the one clock read.
-        encoded = [encode_payload(p) for p in payloads]
-        return resolve(await self._store._now(), self._opts, options), encoded
+    async def _resolve(self, options: EnqueueOptions) -> Resolved:
+        # The options are checked, then the payloads encoded (and so
+        # checked), then the clock read once.
+        return resolve(await self._store._now(), self._opts, options)
 
     async def enqueue(
         self,
@@ -113,16 +111,15 @@ class AsyncQueue(abc.ABC):
             If the database fails.
         """
         self._store._check_open()
-        resolved, encoded = await self._prepare(
-            [payload],
-            enqueue_options(
-                delay=delay,
-                run_at=run_at,
-                priority=priority,
-                max_attempts=max_attempts,
-                expires=expires,
-            ),
+        options = enqueue_options(
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            max_attempts=max_attempts,
+            expires=expires,
         )
+        encoded = [encode_payload(payload)]
+        resolved = await self._resolve(options)
         return (await self._insert(resolved, encoded))[0]
 
     async def enqueue_many(
@@ -153,16 +150,15 @@ class AsyncQueue(abc.ABC):
         self._store._check_open()  # before validating payloads (docs/contract.md §3 "Closed store")
         if not v.is_collection(payloads):
             raise ValidationError("payloads must be an iterable of payloads (a list)")
-        resolved, encoded = await self._prepare(
-            payloads,
-            enqueue_options(
-                delay=delay,
-                run_at=run_at,
-                priority=priority,
-                max_attempts=max_attempts,
-                expires=expires,
-            ),
+        options = enqueue_options(
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            max_attempts=max_attempts,
+            expires=expires,
         )
+        encoded = encode_payloads(payloads)
+        resolved = await self._resolve(options)
         if not encoded:
             return []
         return await self._insert(resolved, encoded)
@@ -203,16 +199,15 @@ class AsyncQueue(abc.ABC):
             wrong kind or not inside a transaction.
         """
         self._store._check_open()
-        resolved, encoded = await self._prepare(
-            [payload],
-            enqueue_options(
-                delay=delay,
-                run_at=run_at,
-                priority=priority,
-                max_attempts=max_attempts,
-                expires=expires,
-            ),
+        options = enqueue_options(
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            max_attempts=max_attempts,
+            expires=expires,
         )
+        encoded = [encode_payload(payload)]
+        resolved = await self._resolve(options)
         return await self._insert_tx(conn, resolved, encoded[0])
 
     # -- claim ---------------------------------------------------------------

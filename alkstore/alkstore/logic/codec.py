@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from alkstore.errors import ValidationError
@@ -26,6 +26,7 @@ __all__ = [
     "EncodedPayload",
     "decode_payload",
     "encode_payload",
+    "encode_payloads",
 ]
 
 JSON = "application/json"
@@ -210,6 +211,24 @@ def encode_payload(payload: object) -> EncodedPayload:
         raise ValidationError(
             f"payload is {len(encoded.data)} bytes; the limit is {MAX_PAYLOAD_BYTES}"
         )
+    return encoded
+
+
+def encode_payloads(payloads: Iterable[object]) -> list[EncodedPayload]:
+    """:func:`encode_payload` for each of a batch's ``payloads``, in order.
+
+    Raises
+    ------
+    ValidationError
+        For the first payload refused, its message prefixed with its index
+        (``payloads[3]: ...``).
+    """
+    encoded = []
+    for index, payload in enumerate(payloads):
+        try:
+            encoded.append(encode_payload(payload))
+        except ValidationError as error:
+            raise ValidationError(f"payloads[{index}]: {error}") from None
     return encoded
 
 

@@ -381,8 +381,9 @@ class Task(Generic[P, R]):
         ValidationError
             If ``calls`` is not an iterable (a ``str``, ``bytes`` or ``dict``
             is refused too), an item is not a list or tuple, does not fit the function's
-            signature, or holds an argument that is not strict JSON; nothing
-            is stored.
+            signature, or holds an argument that is not strict JSON; the
+            message names the item (``calls[3]: ...``, ``payloads[3]: ...``
+            for a refused argument); nothing is stored.
         """
         payloads = self._payloads(calls)
         return self.app.queue(self.queue).enqueue_many(payloads, **self._enqueue_opts)
@@ -407,12 +408,15 @@ class Task(Generic[P, R]):
                 f"calls must be an iterable of argument lists, not {type(calls).__name__}"
             )
         payloads = []
-        for call in calls:
+        for index, call in enumerate(calls):
             if not isinstance(call, (list, tuple)):
                 raise ValidationError(
-                    f"each call must be a list or tuple of positional arguments, "
-                    f"not {type(call).__name__}"
+                    f"calls[{index}]: each call must be a list or tuple of positional "
+                    f"arguments, not {type(call).__name__}"
                 )
-            self.check_call(call, {})
+            try:
+                self.check_call(call, {})
+            except ValidationError as error:
+                raise ValidationError(f"calls[{index}]: {error}") from None
             payloads.append(task_payload(self.name, call, {}))
         return payloads

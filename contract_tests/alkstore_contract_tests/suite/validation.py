@@ -280,6 +280,11 @@ class ValidationTests(ContractFixtures):
                 scene.queue.enqueue_many(payloads)  # type: ignore[arg-type]
         self.assert_untouched(scene)
 
+    def test_enqueue_many_names_the_refused_item_and_writes_nothing(self, scene: Scene) -> None:
+        with pytest.raises(ValidationError, match=r"^payloads\[2\]: payload\['b'\] is of type set"):
+            scene.queue.enqueue_many([1, "two", {"b": {3}}, 4])
+        self.assert_untouched(scene)
+
     # -- claim arguments ----------------------------------------------------
 
     @pytest.mark.parametrize("worker_id", BAD_WORKER_IDS, ids=repr)
