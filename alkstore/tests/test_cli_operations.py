@@ -610,6 +610,9 @@ def test_scheduler_fires_a_schedule_then_exits_0_on_sigterm(project: Path) -> No
     assert process.returncode == 0, stderr
     assert "scheduler on sqlite:///alkstore.db, ticking every 0.1 s" in stderr
     assert "schedule 'ticker' fired boundary" in stderr
+    *_, received, stopped = stderr.splitlines()
+    assert received.endswith("SIGTERM received: stopping")
+    assert stopped.endswith("scheduler on sqlite:///alkstore.db stopped")
     with read(url) as store:
         (ticker,) = store.schedules()
         assert ticker.last_job_id is not None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import threading
 from typing import Any
 
@@ -195,8 +196,10 @@ def scheduler(ctx: Context, *, interval: float, log_level: str, app_spec: str | 
         with stop_signals(signalled.append, install=True):
             ticker.start()
             while ticker.is_alive():
-                if signalled:
+                if signalled and not stop.is_set():
+                    log.info("%s received: stopping", signal.Signals(signalled[0]).name)
                     stop.set()
                 ticker.join(0.2)
         if failure:
             raise failure[0]
+        log.info("scheduler on %s stopped", where)
