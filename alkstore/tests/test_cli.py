@@ -72,6 +72,20 @@ def command(
     )
 
 
+def start(project: Path, *args: str) -> subprocess.Popen[str]:
+    """``python -m alkstore ARGS`` started in ``project`` as :func:`command`
+    runs it, its stdout and stderr piped, left running."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "alkstore", *args],
+        cwd=project,
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def ok(result: subprocess.CompletedProcess[str]) -> str:
     assert result.returncode == 0, result.stderr
     return result.stdout
@@ -356,24 +370,7 @@ def test_a_url_on_the_command_line_overrides_the_apps(project: Path, url: str) -
 
 def test_sigterm_lets_the_running_job_finish(project: Path, url: str) -> None:
     ok(command(project, "--url", url, "enqueue", "mail", '{"task": "slow", "args": ["a"]}'))
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
-    worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "alkstore",
-            "--url",
-            url,
-            "worker",
-            "jobs:app",
-            "--poll-interval",
-            "0.1",
-        ],
-        cwd=project,
-        env=environ,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    worker = start(project, "--url", url, "worker", "jobs:app", "--poll-interval", "0.1")
     try:
         wait_for(project / "started-a")
         worker.send_signal(signal.SIGTERM)
@@ -418,14 +415,7 @@ def test_a_second_signal_ends_the_worker_within_3_s_even_with_its_loop_blocked(
         )
     )
     ok(command(project, "--url", url, "enqueue", "aio", '{"task": "blocks", "args": ["b"]}'))
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "alkstore", "--url", url, "worker", "blocking:app"],
-        cwd=project,
-        env=environ,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    worker = start(project, "--url", url, "worker", "blocking:app")
     try:
         wait_for(project / "started-b")
         worker.send_signal(signum)
@@ -450,27 +440,7 @@ def test_stats_watch_redraws_until_interrupted(project: Path, url: str) -> None:
     while the interpreter was still starting up (a loaded machine) would end
     it by KeyboardInterrupt outside the command, status -2."""
     ok(command(project, "--url", url, "enqueue", "mail", "1"))
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
-    watch = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "alkstore",
-            "--url",
-            url,
-            "stats",
-            "-q",
-            "mail",
-            "--watch",
-            "--interval",
-            "0.1",
-        ],
-        cwd=project,
-        env=environ,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    watch = start(project, "--url", url, "stats", "-q", "mail", "--watch", "--interval", "0.1")
     lines: list[str] = []
     two_tables = threading.Event()
 
