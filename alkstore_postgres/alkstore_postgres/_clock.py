@@ -68,7 +68,7 @@ class ServerClock(ClockSample):
             lock's holder may be waiting for a pooled connection, this
             caller's (with ``pool_max_size=1`` both would wait out the
             pool's timeout). Concurrent holders may each sample once; the
-            latest sample wins.
+            first sample to arrive wins (``ClockSample.set_sample``).
 
         Raises
         ------

@@ -4,11 +4,13 @@ monotonic clock, and the time read from it.
 
 Shared by :mod:`alkstore_postgres._clock_async` and the sync
 :mod:`alkstore_postgres._clock` generated from it, which take the samples
-(the I/O) under a lock; this module does no I/O.
+(the I/O); this module does no I/O, and keeps the first of the samples
+offered at once.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -34,12 +36,25 @@ class ClockSample:
     def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._monotonic = monotonic
         self._base: tuple[datetime, float] | None = None
+        # Held only to compare and set the sample, never across I/O.
+        self._set_lock = threading.Lock()
 
     def set_sample(self, server: datetime, monotonic_s: float) -> datetime:
-        """Use a sample: the server's instant and the local monotonic
-        instant (seconds) at the middle of its round trip. Returns the
-        server's time now, from it."""
-        base = self._base = (server.astimezone(UTC), monotonic_s)
+        """Offer a sample: the server's instant and the local monotonic
+        instant (seconds) at the middle of its round trip. It is used when
+        the current one is due for replacing (see :meth:`reading`);
+        otherwise another caller's sample, taken meanwhile, is kept: of
+        samples taken at once the first to arrive wins, so every reading
+        in the next minute comes from one sample and time read in one
+        thread never goes back (a later arrival, one that waited longer for
+        the GIL after its round trip, would estimate lower). Returns the
+        server's time now, from the sample in use."""
+        offered = (server.astimezone(UTC), monotonic_s)
+        with self._set_lock:
+            if self.reading() is None:
+                self._base = offered
+            base = self._base
+        assert base is not None
         return base[0] + timedelta(seconds=self._monotonic() - base[1])
 
     def reading(self) -> datetime | None:

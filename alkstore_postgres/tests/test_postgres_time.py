@@ -79,6 +79,23 @@ def test_server_clock_offset_and_resampling() -> None:
     assert len(samples) == 2  # re-sampled once the sample is a minute old
 
 
+def test_of_samples_taken_at_once_the_first_to_arrive_is_kept() -> None:
+    """Operations holding connections each sample a due clock on their own;
+    the first sample to arrive serves the next minute. A later one (which
+    waited longer after its round trip, so estimates lower) would make the
+    time read in one thread go back."""
+    mono = [1000.0]
+    server_base = datetime(2026, 1, 1, tzinfo=UTC)
+    clock = ServerClock(lambda: (server_base, mono[0]), monotonic=lambda: mono[0])
+    clock.now()
+    mono[0] += RESAMPLE_AFTER_S  # due: every holder samples
+    first = clock.set_sample(server_base + timedelta(seconds=60.010), mono[0])
+    later = clock.set_sample(server_base + timedelta(seconds=60), mono[0])
+    assert later == first == server_base + timedelta(seconds=60.010)
+    mono[0] += 1.0
+    assert clock.now() == first + timedelta(seconds=1)
+
+
 def test_injected_and_server_clocks_are_never_mixed(
     open_pg: Callable[..., PostgresStore], clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
