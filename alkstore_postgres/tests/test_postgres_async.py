@@ -542,6 +542,30 @@ def test_a_cancelled_close_still_wakes_every_waiter_and_closes_the_pool(
     assert run(main()) == []
 
 
+def test_a_close_while_another_is_under_way_returns_once_the_store_is_closed(
+    postgres_url: str, schema: str
+) -> None:
+    """``await close()`` while another coroutine's close is still stopping
+    the listener returns once that close has closed the pool (so the
+    loop's end finds nothing open)."""
+
+    async def main() -> list[bool]:
+        closed = []
+        for _ in range(3):
+            store = await alkstore.open_async(postgres_url, schema=schema)
+            assert isinstance(store, AsyncPostgresStore)
+            await store.listen("jobs")
+            first = asyncio.create_task(store.close())
+            await asyncio.sleep(0)  # the first close() has begun
+            assert store.closed
+            await store.close()
+            closed.append(store._db._pool.closed)
+            await first
+        return closed
+
+    assert run(main()) == [True, True, True]
+
+
 def test_a_cancellation_while_taking_a_connection_never_loses_it(
     postgres_url: str, schema: str, admin: psycopg.Connection[Any]
 ) -> None:

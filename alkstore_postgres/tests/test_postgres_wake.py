@@ -308,3 +308,22 @@ def test_the_idle_listener_is_pinged(
     store.queue("jobs").enqueue(1)
     assert sub.wait(5)
     assert listener_pid(store) == pid  # the pings did not disturb the connection
+
+
+def test_a_close_while_another_thread_closes_returns_once_the_store_is_closed(
+    open_pg: Callable[..., PostgresStore],
+) -> None:
+    """``close()`` is idempotent: a second call while the first is still
+    stopping the listener returns once the first has closed the pool."""
+    for _ in range(3):
+        store = open_pg()
+        store.listen("close")
+        first = threading.Thread(target=store.close)
+        first.start()
+        deadline = time.monotonic() + 10
+        while not store.closed:  # the first close() has begun
+            assert time.monotonic() < deadline
+        store.close()
+        assert store._db._pool.closed
+        first.join(10)
+        assert not first.is_alive()

@@ -26,6 +26,7 @@ from alkstore.logic.resolution import Resolved
 from alkstore.logic.resolution import enqueue_options as check_enqueue_options
 
 if TYPE_CHECKING:
+    from alkstore._acompat import Event
     from alkstore.contract.queue import Queue
     from alkstore.contract.subscription import Subscription
     from alkstore.logic.cron import ScheduleSpec
@@ -33,6 +34,10 @@ if TYPE_CHECKING:
 __all__ = ["Store", "check_store"]
 
 log = logging.getLogger("alkstore")
+
+#: How long a second :meth:`Store.close` waits for the one under way,
+#: seconds (an engine's own close is bounded by its timeouts, well within).
+CLOSE_WAIT_S = 60.0
 
 
 class Store(abc.ABC):
@@ -75,6 +80,7 @@ class Store(abc.ABC):
         self._rng: Rng = rng  # type: ignore[assignment]
         self._closed = False
         self._close_lock = threading.Lock()
+        self._close_done: Event | None = None  # set when the first close() ends
 
     # -- public surface ------------------------------------------------------
 
@@ -316,15 +322,31 @@ class Store(abc.ABC):
         return [s for s in self._list_schedules(None) if isinstance(s, UnreadableSchedule)]
 
     def close(self) -> None:
-        """Release the store's connections. Idempotent; never raises."""
+        """Release the store's connections. Idempotent; never raises. A
+        call while another is closing the store returns once that one has
+        (or after :data:`CLOSE_WAIT_S` seconds, with a warning)."""
+        # Imported here, not at the top: `import alkstore` imports the store
+        # modules of both faces, and must import no asyncio.
+        from alkstore._acompat import Event, wait_event
+
         with self._close_lock:
-            if self._closed:
-                return
+            closing = self._closed
             self._closed = True
+            if not closing:
+                self._close_done = Event()
+            done = self._close_done
+        if closing:
+            # None: closed without close() (a failed opening), nothing to wait for.
+            if done is not None and not wait_event(done, CLOSE_WAIT_S):
+                log.warning("%r: the close under way did not end within %g s", self, CLOSE_WAIT_S)
+            return
         try:
             self._close()
         except Exception:
             log.warning("error while closing %r", self, exc_info=True)
+        finally:
+            assert done is not None
+            done.set()
 
     def __enter__(self) -> Store:
         return self
