@@ -8,12 +8,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 from postgres_bouncer import Bouncer, BouncerUnavailable, pgbouncer
 from postgres_proxy import StallingProxy
 from postgres_server import drop_schema, fresh_schema_name, postgres_server, skip_or_fail
+from psycopg import sql
 
 from alkstore_contract_tests import ManualClock
 from alkstore_postgres import PostgresStore, open_store
@@ -89,6 +91,17 @@ def open_pg(
     yield opener
     for store in stores:
         store.close()
+
+
+@pytest.fixture
+def other_database_url(postgres_url: str, admin: psycopg.Connection[Any]) -> Iterator[str]:
+    """The URL of a new database on the same server, dropped afterwards
+    (whatever database the server's URL names: a throwaway cluster's is
+    ``postgres``)."""
+    name = fresh_schema_name("db")
+    admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield urlsplit(postgres_url)._replace(path=f"/{name}").geturl()
+    admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @pytest.fixture

@@ -198,10 +198,12 @@ def test_enqueue_tx_commits_with_the_callers_transaction_and_vanishes_on_rollbac
 
 
 def test_enqueue_tx_refusals_say_why_and_leave_the_transaction_usable(
-    postgres_url: str, schema: str, open_pg: Callable[..., PostgresStore]
+    postgres_url: str,
+    schema: str,
+    open_pg: Callable[..., PostgresStore],
+    other_database_url: str,
 ) -> None:
     sync_store = open_pg()
-    other_database = psycopg.conninfo.make_conninfo(postgres_url, dbname="postgres")
 
     async def main() -> list[str]:
         refused: list[str] = []
@@ -227,7 +229,7 @@ def test_enqueue_tx_refusals_say_why_and_leave_the_transaction_usable(
                     await app.execute("SELECT 1 / 0")
                 await refuse(app)  # a failed transaction
                 await app.execute("ROLLBACK")
-            async with await psycopg.AsyncConnection.connect(other_database) as elsewhere:
+            async with await psycopg.AsyncConnection.connect(other_database_url) as elsewhere:
                 await elsewhere.execute("SELECT 1")
                 await refuse(elsewhere)  # another database
                 # The caller's transaction goes on.
@@ -258,8 +260,11 @@ def test_enqueue_tx_refusals_say_why_and_leave_the_transaction_usable(
         " (alkstore.open_async)"
     )
     assert refused[4] == "enqueue_tx: the connection is inside a failed transaction"
-    assert refused[5].startswith("enqueue_tx needs a connection to the store's database ('test'")
-    assert refused[5].endswith("this one is on 'postgres'")
+    ours, theirs = (
+        psycopg.conninfo.conninfo_to_dict(u)["dbname"] for u in (postgres_url, other_database_url)
+    )
+    assert refused[5].startswith(f"enqueue_tx needs a connection to the store's database ({ours!r}")
+    assert refused[5].endswith(f"this one is on {theirs!r}")
     assert refused[6] == "enqueue_tx: the connection is closed or broken"
 
 

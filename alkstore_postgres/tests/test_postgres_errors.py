@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -174,15 +174,6 @@ def test_enqueue_tx_refuses_unusable_connections(postgres_url: str, store: Postg
     with pytest.raises(ValidationError, match="closed or broken"):
         q.enqueue_tx(closed, 1)
     assert q.stats() == (0, 0, 0, 0)
-
-
-@pytest.fixture
-def other_database_url(postgres_url: str, admin: psycopg.Connection[Any]) -> Iterator[str]:
-    """The URL of a new database on the same server, dropped afterwards."""
-    name = fresh_schema_name("db")
-    admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    yield urlsplit(postgres_url)._replace(path=f"/{name}").geturl()
-    admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def test_enqueue_tx_refuses_a_connection_to_another_database(
