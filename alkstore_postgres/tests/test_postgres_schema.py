@@ -5,9 +5,13 @@ plans that stay index-driven (docs/contract.md §3 "Schema", "Claim")."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import postgres_children
@@ -162,6 +166,48 @@ def test_processes_open_a_fresh_schema_at_once(
     )
     assert versions == [SCHEMA_VERSION] * 6
     assert version(admin, schema) == SCHEMA_VERSION
+
+
+def test_the_migrate_command_says_what_it_did(
+    postgres_url: str, schema: str, admin: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    """``alkstore migrate`` through an app on PostgreSQL: created, already
+    current, upgraded from version 1, or refused as newer, each said in one
+    line (as on SQLite: alkstore/tests/test_cli.py)."""
+    (tmp_path / "pgapp.py").write_text(
+        "import os\nimport alkstore\n"
+        "app = alkstore.App(os.environ['PG_URL'], schema=os.environ['PG_SCHEMA'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
+    env.update(PG_URL=postgres_url, PG_SCHEMA=schema)
+
+    def migrate() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "alkstore", "migrate", "--app", "pgapp:app"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    def said(result: subprocess.CompletedProcess[str]) -> str:
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    assert said(migrate()) == f"created the alkstore schema at version {SCHEMA_VERSION}\n"
+    assert said(migrate()) == f"the alkstore schema is already at version {SCHEMA_VERSION}\n"
+    drop_schema(postgres_url, schema)
+    make_version(admin, schema, 1)
+    assert said(migrate()) == f"upgraded the alkstore schema from version 1 to {SCHEMA_VERSION}\n"
+    assert said(migrate()) == f"the alkstore schema is already at version {SCHEMA_VERSION}\n"
+    admin.execute(sql.SQL("UPDATE {} SET value = value + 1").format(sql.Identifier(schema, "meta")))
+    refused = migrate()
+    assert refused.returncode == 1, refused.stderr
+    [line] = refused.stderr.strip().splitlines()
+    assert f"is version {SCHEMA_VERSION + 1}, newer than this code's {SCHEMA_VERSION}" in line
+    assert line.endswith("(SchemaVersionError)")
 
 
 def test_version_1_is_migrated(
