@@ -99,6 +99,12 @@ DEFAULT_GRACE_PERIOD_S = 30.0
 #: A listener thread returns from ``Subscription.wait`` at least this often
 #: to notice that the worker is stopping.
 _LISTEN_SLICE_S = 0.5
+#: The longest one wait of the thread running :meth:`Worker.run` lasts. A
+#: signal that arrives while the handler of the one before runs interrupts
+#: no wait: it is handled once that thread runs Python code again, so every
+#: wait of that thread ends this often (the second signal's deadline,
+#: signals.EXIT_AFTER_S, is armed by its handler).
+_SIGNAL_SLICE_S = 0.2
 #: Seconds to wait before retrying after the database failed in the loop.
 _ERROR_PAUSE_S = 1.0
 #: The completer acks at most this many jobs in one ``ack_many`` ...
@@ -762,7 +768,7 @@ class Worker:
                 free = self._concurrency - len(self._running)
                 if free <= 0:  # every slot busy: wait for one, or the next chore
                     wait_s = min(self._poll_interval_s, next_chore - time.monotonic())
-                    self._cond.wait(max(0.0, wait_s))
+                    self._cond.wait(max(0.0, min(wait_s, _SIGNAL_SLICE_S)))
                     continue
                 # Cleared before claiming, so a wake arriving during the claim
                 # keeps the flag set and the next wait returns at once.
@@ -918,7 +924,7 @@ class Worker:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                self._cond.wait(remaining)
+                self._cond.wait(min(remaining, _SIGNAL_SLICE_S))
             left = sorted(handle.id for handle in self._running.values())
         if left:
             log.warning(
@@ -934,9 +940,16 @@ class Worker:
         """Flush the acks still held back; the heartbeats keep their claims
         alive meanwhile. Handlers that finish later (past the grace period)
         ack on their own."""
-        with self._cond:
-            timeout_s = _ACK_ABORT_TIMEOUT_S if self._aborting else _ACK_CLOSE_TIMEOUT_S
-        if not self._completer.close(timeout_s):
+        started = time.monotonic()
+        while True:
+            with self._cond:
+                timeout_s = _ACK_ABORT_TIMEOUT_S if self._aborting else _ACK_CLOSE_TIMEOUT_S
+            remaining = started + timeout_s - time.monotonic()
+            if self._completer.close(max(0.0, min(remaining, _SIGNAL_SLICE_S))):
+                return
+            if remaining <= _SIGNAL_SLICE_S:
+                break
+        if not self._completer.close(0):
             log.warning(
                 "worker %s exits with the acks of %d finished job(s) still being "
                 "flushed; a job whose ack does not take effect is reclaimed once "
