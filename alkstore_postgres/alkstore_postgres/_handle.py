@@ -29,7 +29,14 @@ from psycopg import sql
 from alkstore import Job, JobHandle
 from alkstore.engine import duration
 from alkstore_postgres._schema import Statement
-from alkstore_postgres._sql.handle import ACK, DEAD_LETTER, HEARTBEAT, MICROSECOND, RETRY
+from alkstore_postgres._sql.handle import (
+    ACK,
+    DEAD_LETTER,
+    HEARTBEAT,
+    MICROSECOND,
+    RELEASE,
+    RETRY,
+)
 
 if TYPE_CHECKING:
     from alkstore_postgres._queue import PostgresQueue
@@ -81,3 +88,11 @@ class PostgresJobHandle(JobHandle):
         # effect never leaves the claim already lapsed.
         extend = max(duration(extend_s), MICROSECOND)
         return self._run(HEARTBEAT, lambda now: {"deadline": now + extend})
+
+    def _release(self) -> bool:
+        # As an enqueue: a job not due (an injected clock moved back) stays
+        # out of the claim's walk until it is.
+        def at(now: datetime) -> dict[str, Any]:
+            return {"state": "pending" if self._job.run_at <= now else "scheduled"}
+
+        return self._run(RELEASE, at, channel=self._pg_queue.channel)

@@ -27,7 +27,14 @@ from psycopg import sql
 from alkstore import AsyncJobHandle, Job
 from alkstore.engine import duration
 from alkstore_postgres._schema import Statement
-from alkstore_postgres._sql.handle import ACK, DEAD_LETTER, HEARTBEAT, MICROSECOND, RETRY
+from alkstore_postgres._sql.handle import (
+    ACK,
+    DEAD_LETTER,
+    HEARTBEAT,
+    MICROSECOND,
+    RELEASE,
+    RETRY,
+)
 
 if TYPE_CHECKING:
     from alkstore_postgres._queue_async import AsyncPostgresQueue
@@ -79,3 +86,11 @@ class AsyncPostgresJobHandle(AsyncJobHandle):
         # effect never leaves the claim already lapsed.
         extend = max(duration(extend_s), MICROSECOND)
         return await self._run(HEARTBEAT, lambda now: {"deadline": now + extend})
+
+    async def _release(self) -> bool:
+        # As an enqueue: a job not due (an injected clock moved back) stays
+        # out of the claim's walk until it is.
+        def at(now: datetime) -> dict[str, Any]:
+            return {"state": "pending" if self._job.run_at <= now else "scheduled"}
+
+        return await self._run(RELEASE, at, channel=self._pg_queue.channel)

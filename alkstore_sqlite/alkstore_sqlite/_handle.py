@@ -10,6 +10,7 @@ from alkstore import Job, JobHandle
 from alkstore.engine import duration_us
 from alkstore_sqlite._connection import rowcount
 from alkstore_sqlite._rows import bury_sql, to_us
+from alkstore_sqlite._wake import notify_wake, record_wake
 
 if TYPE_CHECKING:
     from alkstore_sqlite._queue import SqliteQueue
@@ -37,6 +38,14 @@ _RETRY = f"""
     WHERE {_VALID}
 """
 _HEARTBEAT = f"UPDATE _alkstore_jobs SET claim_deadline = :deadline WHERE {_VALID}"
+# Claims only count up (attempts kept, so no claim identity repeats); the
+# budget grows by the claim given back.
+_RELEASE = f"""
+    UPDATE _alkstore_jobs
+    SET state = :state, worker_id = NULL, claim_deadline = NULL,
+        max_attempts = min(max_attempts + 1, 2147483647)
+    WHERE {_VALID}
+"""
 _BURY = bury_sql(_VALID)
 _DELETE_BURIED = "DELETE FROM _alkstore_jobs WHERE id = :id"
 
@@ -80,11 +89,32 @@ class SqliteJobHandle(JobHandle):
         params["deadline"] = params["now"] + max(1, duration_us(extend_s))
         return self._write(_HEARTBEAT, params)
 
+    def _release(self) -> bool:
+        params = self._params(queue=self._job.queue)
+        # As an enqueue: a job not due (an injected clock moved back) stays
+        # out of the claim's walk until it is.
+        due = to_us(self._job.run_at) <= params["now"]
+        params["state"] = "pending" if due else "scheduled"
+        store = self._queue._store
+        wake_id = store._pool.transaction(_give_back, params)
+        if wake_id is None:
+            return False
+        notify_wake(store._wake_key, self._job.queue, wake_id)
+        return True
+
 
 def ack_each(conn: sqlite3.Connection, claims: list[dict[str, Any]]) -> list[bool]:
     """Ack each claim (``id``, ``attempts``, ``now``) as its handle's ``ack``
     would, inside the caller's transaction; whether each took effect."""
     return [conn.execute(_ACK, claim).rowcount == 1 for claim in claims]
+
+
+def _give_back(conn: sqlite3.Connection, params: dict[str, Any]) -> int | None:
+    """Inside ``BEGIN IMMEDIATE``: release the claim; the wake id, or
+    ``None`` (nothing written) when the claim was not valid."""
+    if conn.execute(_RELEASE, params).rowcount != 1:
+        return None
+    return record_wake(conn, params["queue"])
 
 
 def _bury(conn: sqlite3.Connection, params: dict[str, Any]) -> bool:

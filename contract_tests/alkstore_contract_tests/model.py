@@ -350,6 +350,19 @@ class ModelStore:
         row.claim_deadline = now + _seconds(row.visibility_timeout_s if extend is None else extend)
         return True
 
+    def release(self, handle: ModelHandle, now: datetime) -> bool:
+        """``JobHandle.release``: the claim given back unused; due again in
+        its old place, ``attempts`` kept, the budget one larger."""
+        row = self.valid_row(handle, now)
+        if row is None:
+            return False
+        handle.spent = True
+        row.state = "pending"
+        row.worker_id = None
+        row.claim_deadline = None
+        row.max_attempts = min(row.max_attempts + 1, 2**31 - 1)
+        return True
+
     # -- queue operations ------------------------------------------------------
 
     def ack_batch(self, queue: str, job_ids: Iterable[int], now: datetime) -> int:

@@ -251,6 +251,29 @@ class RequeueResetsAttemptsQueue(SqliteQueue):
         return True
 
 
+# -- (e2) a release that undoes the claim ------------------------------------
+
+
+class ReleaseUndoesClaimHandle(SqliteJobHandle):
+    """Gives a claim back by counting its attempt down (the budget kept):
+    the next claim repeats this claim's (id, attempts), so the released
+    handle can act on it."""
+
+    def _release(self) -> bool:
+        sql = (
+            "UPDATE _alkstore_jobs SET state = 'pending', worker_id = NULL, "
+            "claim_deadline = NULL, attempts = attempts - 1 WHERE id = :id "
+            "AND state = 'processing' AND attempts = :attempts AND claim_deadline > :now"
+        )
+        return self._queue._store._pool.run(_rowcount, sql, self._params()) == 1
+
+
+class ReleaseUndoesClaimQueue(SqliteQueue):
+    def _claim(self, worker_id: str, n: int) -> list[JobHandle]:
+        handles = super()._claim(worker_id, n)
+        return [ReleaseUndoesClaimHandle(self, handle.job) for handle in handles]
+
+
 # -- (f) a paused queue's claim still dead-letters ---------------------------
 
 
@@ -560,6 +583,7 @@ QUEUE_CLASSES: dict[str, type[SqliteQueue]] = {
     "broken-claim": RacyClaimQueue,
     "broken-dead": LeakyDeadLetterQueue,
     "broken-requeue": RequeueResetsAttemptsQueue,
+    "broken-release": ReleaseUndoesClaimQueue,
     "broken-pause": PausedClaimBuriesQueue,
     "broken-ties": TiesByPathQueue,
     "broken-stats": LapsedUncountedQueue,
@@ -658,6 +682,10 @@ class LeakyDeadLetterHarness(_BrokenHarness):
 
 class RequeueResetsAttemptsHarness(_BrokenHarness):
     scheme = "broken-requeue"
+
+
+class ReleaseUndoesClaimHarness(_BrokenHarness):
+    scheme = "broken-release"
 
 
 class PausedClaimBuriesHarness(_BrokenHarness):

@@ -372,6 +372,15 @@ class MemoryHandle(JobHandle):
             db.check_write()
             return bool(db.model.heartbeat(self._claim, extend_s, now))
 
+    def _release(self) -> bool:
+        now, db = self._now_and_db()
+        with db.lock:
+            db.check_write()
+            released = bool(db.model.release(self._claim, now))
+        if released:
+            db.wake(self._queue.name)
+        return released
+
 
 alkstore.register("memory", MemoryStore)
 

@@ -110,6 +110,7 @@ STATS = (
     "lapsed_claims_count or spent_lapsed_claim or expired_unswept or due_exactly_at_run_at"
     " or test_each_field"
 )
+RELEASE = "released or test_release_"
 MOVES = "moving_job_twice or ack_racing_a_move"
 ACK_MANY = (
     "empty_is_empty or acks_each_valid_claim or stale_handle_acks or lapsed_claim_is_not_acked"
@@ -209,6 +210,16 @@ def test_requeue_resetting_attempts_fails_the_model_comparison(
     monkeypatch.setenv("ALKSTORE_STATEFUL_EXAMPLES", "400")
     result = run_suite("broken_engines", "RequeueResetsAttemptsHarness", "-k", MODEL)
     assert failed_tests(result) == {"test_engine_agrees_with_the_model"}
+
+
+def test_a_release_that_undoes_the_claim_fails(run_suite: RunSuite) -> None:
+    result = run_suite("broken_engines", "ReleaseUndoesClaimHarness", "-k", RELEASE)
+    assert failed_tests(result) == {
+        "test_a_released_job_is_due_at_once_in_its_old_place",
+        "test_the_released_claim_is_not_counted_against_the_budget",
+        "test_the_released_handle_never_touches_the_next_claim",
+        "test_release_wakes_the_queues_subscribers",
+    }
 
 
 def test_dead_lettering_by_a_paused_claim_fails(run_suite: RunSuite) -> None:

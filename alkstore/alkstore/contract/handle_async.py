@@ -25,8 +25,8 @@ class AsyncJobHandle(abc.ABC):
     not lapsed (``now < claim_deadline``) and the claim is still this
     handle's (identified by the job id and its post-claim attempt count).
     A valid call on an invalid handle returns ``False`` and changes nothing;
-    after ``ack``, ``retry`` or ``fail`` took effect the handle is spent and
-    every further operation returns ``False``. Every operation raises
+    after ``ack``, ``retry``, ``fail`` or ``release`` took effect the handle
+    is spent and every further operation returns ``False``. Every operation raises
     :class:`~alkstore.errors.StoreClosedError` once the store is closed,
     then :class:`~alkstore.errors.ValidationError` for bad arguments, whatever
     the handle's state.
@@ -35,7 +35,7 @@ class AsyncJobHandle(abc.ABC):
     ``handle.payload`` ...), from the claim-time snapshot.
 
     Engine authors implement :meth:`_ack`, :meth:`_retry`,
-    :meth:`_dead_letter` and :meth:`_heartbeat`.
+    :meth:`_dead_letter`, :meth:`_heartbeat` and :meth:`_release`.
     """
 
     id = _JobField[int]()
@@ -168,6 +168,30 @@ class AsyncJobHandle(abc.ABC):
             return False
         return await self._heartbeat(extend_s)
 
+    async def release(self) -> bool:
+        """Give the claim back unused: the job was claimed but its handler
+        never started (a worker's prefetched job at its stop).
+
+        The job is due again at once for any worker, in its old place in
+        the claim order (``run_at`` unchanged, no backoff), with
+        ``worker_id`` and ``claim_deadline`` cleared and ``last_error``
+        kept. The claim is not counted against the budget:
+        ``max_attempts`` grows by one (up to ``2**31 - 1``) while
+        ``attempts`` keeps its count, since claims only count up and no
+        claim identity may repeat. The queue's subscribers are woken.
+        docs/contract.md §3 "Release".
+
+        Returns
+        -------
+        bool
+            ``True`` if it took effect (see the class docstring); the
+            handle is then spent.
+        """
+        self._queue.store._check_open()
+        if self._spent:
+            return False
+        return self._finish(await self._release())
+
     # -- engine primitives: each applies the validity predicate atomically --
 
     @abc.abstractmethod
@@ -186,3 +210,11 @@ class AsyncJobHandle(abc.ABC):
     @abc.abstractmethod
     async def _heartbeat(self, extend_s: float) -> bool:
         """If valid: ``claim_deadline = now + extend_s``."""
+
+    @abc.abstractmethod
+    async def _release(self) -> bool:
+        """If valid: pending (``scheduled`` when ``run_at > now``, for an
+        engine that keeps such a state), ``run_at`` and ``attempts``
+        unchanged, ``max_attempts = min(max_attempts + 1, 2**31 - 1)``,
+        ``worker_id``/``claim_deadline`` cleared; wake the queue's
+        subscribers once it committed."""

@@ -342,6 +342,9 @@ class ThreadedAsyncJobHandle(AsyncJobHandle):
     async def _heartbeat(self, extend_s: float) -> bool:
         return await self._threaded._run(self._sync._heartbeat, extend_s)
 
+    async def _release(self) -> bool:
+        return await self._threaded._run(self._sync._release)
+
 
 def _submit(executor: ThreadPoolExecutor, call: Callable[[], T]) -> asyncio.Future[T]:
     """``call()`` on ``executor``, as a future of the running loop.

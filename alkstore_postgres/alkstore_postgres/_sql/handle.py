@@ -14,7 +14,7 @@ from psycopg import sql
 from alkstore_postgres._rows import MOVED_COLUMNS
 from alkstore_postgres._schema import Statement
 
-__all__ = ["ACK", "DEAD_LETTER", "HEARTBEAT", "MICROSECOND", "RETRY"]
+__all__ = ["ACK", "DEAD_LETTER", "HEARTBEAT", "MICROSECOND", "RELEASE", "RETRY"]
 
 #: The shortest extension of a claim (a heartbeat never leaves it lapsed).
 MICROSECOND = timedelta(microseconds=1)
@@ -44,3 +44,15 @@ DEAD_LETTER = Statement(
 )
 
 HEARTBEAT = sql.SQL("UPDATE {jobs} SET claim_deadline = %(deadline)s WHERE " + _VALID)
+
+# Claims only count up (attempts kept, so no claim identity repeats); the
+# budget grows by the claim given back. The wake is sent in the same
+# statement, so only its commit wakes anyone; its one row (none when the
+# claim was not valid) is the rowcount the handle reads.
+RELEASE = sql.SQL(
+    "WITH released AS (UPDATE {jobs} SET state = %(state)s, worker_id = NULL, "
+    "claim_deadline = NULL, max_attempts = least(max_attempts::bigint + 1, 2147483647) "
+    "WHERE " + _VALID + " RETURNING 1), "
+    "wake AS (SELECT pg_notify(%(channel)s, '') FROM released) "
+    "SELECT 1 FROM wake"
+)

@@ -30,6 +30,7 @@ from alkstore_contract_tests.suite.handle_ops import (
     DeadLetterTests,
     FailTests,
     HeartbeatTests,
+    ReleaseTests,
     RetryTests,
 )
 from alkstore_contract_tests.suite.lifecycle import ClosedStoreTests, EngineOptionTests, SchemaTests
@@ -86,6 +87,7 @@ __all__ = [
     "HandedCaseTests",
     "HandleValidityTests",
     "HeartbeatTests",
+    "ReleaseTests",
     "IdTests",
     "IsolationTests",
     "OptionResolutionTests",
@@ -124,6 +126,7 @@ class ContractSuite(
     RetryTests,
     FailTests,
     HeartbeatTests,
+    ReleaseTests,
     DeadLetterTests,
     AckBatchTests,
     AckManyTests,

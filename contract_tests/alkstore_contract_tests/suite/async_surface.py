@@ -214,6 +214,10 @@ async def surface_scenario(store: Any, call: Call, clock: ManualClock, prefix: s
     r.append(await call(q.ack_many, [held, held, first]))
     clock.advance(30)
     r.append(await call(q.ack_many, [stale]))
+    # release: a claim given back, due again at once; the handle is spent.
+    given = await call(q.claim_one, "w6")
+    r += [given, await call(given.release), await call(given.release)]
+    r += [await call(q.get_job, given.id), await call(q.claim_one, "w7")]
     r += [await call(q.pause), await call(q.pause), await call(q.is_paused)]
     r += [await call(q.claim_one, "w4"), await call(q.resume), await call(q.resume)]
     r += [await call(q.is_paused), await call(q.cancel, shown.ids[4])]

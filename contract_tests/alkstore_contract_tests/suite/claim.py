@@ -305,6 +305,7 @@ class HandleValidityTests(ContractFixtures):
         assert handle.fail("late") is False
         assert handle.fail() is False
         assert handle.ack() is False
+        assert handle.release() is False
 
     def test_every_op_returns_true_when_it_takes_effect(self, queue: Queue) -> None:
         ids = queue.enqueue_many(["a", "b", "c"])

@@ -1,6 +1,6 @@
-"""What handle operations do: retry and backoff, fail, heartbeat, dead
-letters (docs/contract.md §3 "Claim identity and handle validity", "Backoff", "Dead
-letters")."""
+"""What handle operations do: retry and backoff, fail, heartbeat, release,
+dead letters (docs/contract.md §3 "Claim identity and handle validity",
+"Backoff", "Release", "Dead letters")."""
 
 from __future__ import annotations
 
@@ -21,8 +21,10 @@ from alkstore_contract_tests._fixtures import (
     claim_exactly,
     job,
 )
+from alkstore_contract_tests.suite.claim import HandleValidityTests
+from alkstore_contract_tests.suite.wake import QUIET_S, WAKE_TIMEOUT_S
 
-__all__ = ["DeadLetterTests", "FailTests", "HeartbeatTests", "RetryTests"]
+__all__ = ["DeadLetterTests", "FailTests", "HeartbeatTests", "ReleaseTests", "RetryTests"]
 
 
 class RetryTests(ContractFixtures):
@@ -270,6 +272,93 @@ class HeartbeatTests(ContractFixtures):
         assert handle.job == snapshot
         assert handle.claim_deadline == at(30)
         assert handle.state == "processing"
+
+
+class ReleaseTests(ContractFixtures):
+    """``JobHandle.release``: a claim given back unused (docs/contract.md §3
+    "Release")."""
+
+    def test_a_released_job_is_due_at_once_in_its_old_place(
+        self, queue: Queue, clock: ManualClock
+    ) -> None:
+        first = queue.enqueue("first", max_attempts=3)
+        second = queue.enqueue("second")
+        handle = claim_exactly(queue, first, "w1")
+        clock.set(at(7))
+        assert handle.release() is True
+        released = job(queue, first)
+        assert released == dataclasses.replace(
+            handle.job, state="pending", worker_id=None, claim_deadline=None, max_attempts=4
+        )
+        assert released.run_at == T0  # no backoff, its place kept
+        assert queue.stats() == (2, 0, 0, 0)
+        again = claim_exactly(queue, first, "w2")  # before the later job
+        assert (again.attempts, again.max_attempts, again.worker_id) == (2, 4, "w2")
+        assert claim_exactly(queue, second, "w2").attempts == 1
+
+    def test_the_released_claim_is_not_counted_against_the_budget(
+        self, queue: Queue, clock: ManualClock
+    ) -> None:
+        job_id = queue.enqueue("x", max_attempts=1)
+        assert claim_exactly(queue, job_id).release() is True
+        last = claim_exactly(queue, job_id)
+        assert (last.attempts, last.max_attempts) == (2, 2)
+        # Its one real attempt retries as any last attempt does: dead.
+        assert last.retry("boom", delay=0) is True
+        assert job(queue, job_id).state == "dead"
+
+    def test_the_released_handle_never_touches_the_next_claim(
+        self, queue: Queue, clock: ManualClock
+    ) -> None:
+        job_id = queue.enqueue("x")
+        old = claim_exactly(queue, job_id, "w1")
+        assert old.release() is True
+        new = claim_exactly(queue, job_id, "w1")  # the same worker, even
+        clock.set(at(10))
+        HandleValidityTests.refused(old)
+        assert job(queue, job_id) == new.job
+        assert new.attempts == old.attempts + 1
+        assert new.ack() is True
+
+    def test_a_lapsed_or_reclaimed_claim_cannot_be_released(
+        self, queue: Queue, clock: ManualClock
+    ) -> None:
+        job_id = queue.enqueue("x")
+        handle = claim_exactly(queue, job_id)
+        clock.set(at(30))
+        before = job(queue, job_id)
+        assert handle.release() is False
+        assert job(queue, job_id) == before
+        newer = claim_exactly(queue, job_id, "w2")
+        assert handle.release() is False
+        assert job(queue, job_id).worker_id == "w2"
+        assert newer.release() is True
+
+    def test_release_spends_the_handle(self, queue: Queue) -> None:
+        job_id = queue.enqueue("x")
+        handle = claim_exactly(queue, job_id)
+        assert handle.release() is True
+        assert handle.release() is False
+        assert handle.heartbeat() is False
+        assert job(queue, job_id).state == "pending"
+
+    def test_release_keeps_the_last_error_and_the_expiry(
+        self, queue: Queue, clock: ManualClock
+    ) -> None:
+        job_id = queue.enqueue("x", expires=100)
+        assert claim_exactly(queue, job_id).retry("boom", delay=0) is True
+        handle = claim_exactly(queue, job_id)
+        assert handle.release() is True
+        released = job(queue, job_id)
+        assert (released.last_error, released.expires_at) == ("boom", at(100))
+
+    def test_release_wakes_the_queues_subscribers(self, store: Store, queue: Queue) -> None:
+        with store.listen(queue.name) as sub:
+            handle = claim_exactly(queue, queue.enqueue("x"))
+            assert sub.wait(WAKE_TIMEOUT_S) is True  # the enqueue's
+            assert sub.wait(QUIET_S) is False
+            assert handle.release() is True
+            assert sub.wait(WAKE_TIMEOUT_S) is True
 
 
 class DeadLetterTests(ContractFixtures):

@@ -259,7 +259,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.handles)
     @rule(
-        op=st.sampled_from(["ack", "retry", "fail", "heartbeat"]),
+        op=st.sampled_from(["ack", "retry", "fail", "heartbeat", "release"]),
         index=_index,
         invalid=_invalid,
         delay=st.none() | st.sampled_from([0, 3, 20]),
@@ -286,6 +286,8 @@ class QueueMachine(RuleBasedStateMachine):
             assert handle.fail(error) == self.model.fail(model, error, now)
         elif op == "heartbeat":
             assert handle.heartbeat(extend) == self.model.heartbeat(model, extend, now)
+        elif op == "release":
+            assert handle.release() == self.model.release(model, now)
         else:
             text = error or ""
             took = handle.retry(text, delay=delay)
