@@ -288,7 +288,7 @@ def test_worker_chore_intervals_reach_the_worker(
 ) -> None:
     result = command(project, "--url", url, "worker", "jobs:app", "--burst", *options)
     ok(result)
-    assert f"started: queues mail, concurrency 1, {chores}, burst" in result.stderr
+    assert f"started: queues mail, concurrency 1, prefetch 100, {chores}, burst" in result.stderr
 
 
 def test_a_url_on_the_command_line_overrides_the_apps(project: Path, url: str) -> None:

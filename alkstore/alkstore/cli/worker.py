@@ -13,6 +13,7 @@ from alkstore.logic.redact import redact_url
 from alkstore.runtime.worker import (
     DEFAULT_GRACE_PERIOD_S,
     DEFAULT_POLL_INTERVAL_S,
+    DEFAULT_PREFETCH,
     DEFAULT_SWEEP_INTERVAL_S,
     DEFAULT_TICK_INTERVAL_S,
 )
@@ -35,6 +36,13 @@ from alkstore.runtime.worker import (
     default=1,
     show_default=True,
     help="Jobs run at once (sync tasks on threads, async tasks as coroutines).",
+)
+@click.option(
+    "--prefetch",
+    type=click.IntRange(0, 10_000),
+    default=DEFAULT_PREFETCH,
+    show_default=True,
+    help="Claimed jobs that may wait for a free slot (0: claim only for free slots).",
 )
 @click.option("--burst", is_flag=True, help="Exit once no job is ready (RQ's burst mode).")
 @seconds_option(
@@ -69,6 +77,7 @@ def worker(
     app_spec: str,
     queues: tuple[str, ...],
     concurrency: int,
+    prefetch: int,
     burst: bool,
     poll_interval: float,
     grace_period: float,
@@ -91,6 +100,7 @@ def worker(
         runner = app.worker(
             list(queues) or None,
             concurrency,
+            prefetch=prefetch,
             poll_interval_s=poll_interval,
             grace_period_s=grace_period,
             sweep_interval_s=sweep_interval or None,

@@ -80,6 +80,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_GRACE_PERIOD_S",
     "DEFAULT_POLL_INTERVAL_S",
+    "DEFAULT_PREFETCH",
     "DEFAULT_SWEEP_INTERVAL_S",
     "DEFAULT_TICK_INTERVAL_S",
     "Outcome",
@@ -126,6 +127,17 @@ _BURST_FAILED_ROUNDS = 3
 _CANCEL_WAIT_S = 1.0
 #: How long ``run()`` waits for its own event loop's thread to end.
 _LOOP_STOP_TIMEOUT_S = 5.0
+#: The default bound on prefetched jobs (claimed ahead of the free slots):
+#: 0 (no prefetch) drains no-op jobs at 0.6x huey's consumer at concurrency
+#: 1 on SQLite; a bound of 100 amortises the claim's commit over 100 jobs,
+#: as ``claim_batch(100)`` does (bench/bench_worker.py).
+DEFAULT_PREFETCH = 100
+#: The prefetch window, seconds: a worker claims ahead as many jobs as it
+#: finished in the last window (up to its ``prefetch``), and gives back
+#: (``JobHandle.release``) a prefetched job it has held this long without
+#: a free slot to start it on: no worker holds a job others are idle on for
+#: longer than this.
+PREFETCH_WINDOW_S = 1.0
 #: Async jobs started per step of the event loop: a step creates their
 #: tasks, about 10 µs each (about 100 µs under asyncio's debug mode, which
 #: records where each was created), so a step stays far below a
@@ -153,6 +165,15 @@ class _Resolved(NamedTuple):
     task: Task[Any, Any] | None
     call: TaskCall | None
     error: str | None
+
+
+class _Held(NamedTuple):
+    """A claimed job waiting for a free slot (prefetched)."""
+
+    token: int
+    handle: JobHandle
+    lease: Lease
+    claimed: float  # monotonic
 
 
 class _Coroutine(NamedTuple):
@@ -244,9 +265,17 @@ class Worker:
     running event loop (a web server's lifespan).
 
     While running, the worker claims with ``claim_batch`` up to its free
-    slots, queue by queue in the order given (earlier queues first, as RQ
-    orders them); when nothing is ready it waits for a wake from
-    ``Store.listen`` and re-polls every ``poll_interval_s`` regardless. Each
+    slots plus its prefetch, queue by queue in the order given (earlier
+    queues first, as RQ orders them); when nothing is ready it waits for a
+    wake from ``Store.listen`` and re-polls every ``poll_interval_s``
+    regardless. Prefetched jobs (claimed ahead of a free slot) are
+    heartbeaten while they wait and start as slots free, in claim order; a
+    worker claims ahead only as many as it finished in the last
+    :data:`PREFETCH_WINDOW_S`, gives back (``JobHandle.release``) any it
+    has held that long, and gives back all of them at once when it stops:
+    each is due again at once for any worker, its attempt not counted
+    (docs/tasks-and-workers.md "Prefetch"). A prefetched job whose claim
+    was lost while it waited is never started (counted ``lost``). Each
     job of a sync task runs on a thread of the pool; each job of an async
     task (``async def``) runs as a coroutine on the worker's event loop
     (:meth:`run`: a loop of the worker's own; :meth:`run_async`: the
@@ -294,6 +323,11 @@ class Worker:
         How many jobs run at once, ``1 .. 1024``: each sync task's job on a
         thread of its own, each async task's job as a coroutine, which takes
         a slot but no thread.
+    prefetch
+        How many claimed jobs may wait for a slot beyond the running ones,
+        ``0 .. 10000`` (default :data:`DEFAULT_PREFETCH`; ``0``: claim only
+        for free slots). It bounds the claims held ahead; the window rule
+        above decides how many of them a worker takes.
     poll_interval_s
         Seconds between claim attempts when no wake arrives, ``> 0``
         (default 1).
@@ -335,6 +369,7 @@ class Worker:
         queues: Iterable[str] | str | None = None,
         concurrency: int = 1,
         *,
+        prefetch: int = DEFAULT_PREFETCH,
         poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
         grace_period_s: float = DEFAULT_GRACE_PERIOD_S,
         sweep_interval_s: float | None = DEFAULT_SWEEP_INTERVAL_S,
@@ -364,6 +399,7 @@ class Worker:
         self._app = app
         self._queue_names = names
         self._concurrency = v.int_in_range(concurrency, "concurrency", 1, 1024)
+        self._prefetch = v.int_in_range(prefetch, "prefetch", 0, 10_000)
         self._poll_interval_s = v.duration_s(poll_interval_s, "poll_interval_s", positive=True)
         self._grace_period_s = v.duration_s(grace_period_s, "grace_period_s")
         self._sweep_interval_s = (
@@ -397,6 +433,11 @@ class Worker:
         self._aborting = False
         self._woken = False
         self._running: dict[int, JobHandle] = {}
+        # Prefetched jobs, in claim order, and when recent jobs finished
+        # (monotonic; the last PREFETCH_WINDOW_S of them).
+        self._held: collections.deque[_Held] = collections.deque()
+        self._finished_at: collections.deque[float] = collections.deque()
+        self._pool: DaemonPool | None = None
         self._tokens = itertools.count()
         self._counts: dict[str, int] = dict.fromkeys(WorkerCounts._fields, 0)
         self._tasks: dict[str, Task[Any, Any]] = {}
@@ -434,7 +475,7 @@ class Worker:
     def __repr__(self) -> str:
         return (
             f"<Worker {self._worker_id!r} queues={self._queue_names} "
-            f"concurrency={self._concurrency}>"
+            f"concurrency={self._concurrency} prefetch={self._prefetch}>"
         )
 
     # -- state ---------------------------------------------------------------
@@ -453,6 +494,11 @@ class Worker:
     def concurrency(self) -> int:
         """How many jobs run at once."""
         return self._concurrency
+
+    @property
+    def prefetch(self) -> int:
+        """How many claimed jobs may wait for a slot."""
+        return self._prefetch
 
     @property
     def counts(self) -> WorkerCounts:
@@ -697,12 +743,13 @@ class Worker:
             threading.Thread(target=self._relay, args=(name, send), name=f"alkstore-relay-{name}")
             for name, send in (self._app.relays.items() if self._relays and not burst else ())
         ]
-        pool = DaemonPool(self._concurrency, f"alkstore-job-{self._worker_id}")
+        pool = self._pool = DaemonPool(self._concurrency, f"alkstore-job-{self._worker_id}")
         log.info(
-            "worker %s started: queues %s, concurrency %d%s, %s, %s%s",
+            "worker %s started: queues %s, concurrency %d, prefetch %d%s, %s, %s%s",
             self._worker_id,
             ", ".join(self._queue_names) or "none",
             self._concurrency,
+            self._prefetch,
             f", relays {', '.join(self._app.relays)}" if relays else "",
             _every("sweep", self._sweep_interval_s),
             _every("schedule tick", self._tick_interval_s),
@@ -724,8 +771,9 @@ class Worker:
                     thread.daemon = True
                     thread.start()
                 try:
-                    self._loop(queues, pool, burst)
+                    self._loop(queues, burst)
                 finally:
+                    self._release_held(self._take_held())
                     self._drain()
                     self._close_completer()
             finally:
@@ -757,23 +805,25 @@ class Worker:
 
     # -- the claim loop ------------------------------------------------------
 
-    def _loop(self, queues: list[Queue], pool: DaemonPool, burst: bool) -> None:
+    def _loop(self, queues: list[Queue], burst: bool) -> None:
         chores = self._chores()
         failed_rounds = 0
         while True:
             next_chore = self._run_due(chores)
+            self._release_held(self._take_stale())
             with self._cond:
                 if self._stopping:
                     return
-                free = self._concurrency - len(self._running)
+                free = self._room()
                 if free <= 0:  # every slot busy: wait for one, or the next chore
-                    wait_s = min(self._poll_interval_s, next_chore - time.monotonic())
+                    now = time.monotonic()
+                    wait_s = min(self._poll_interval_s, min(next_chore, self._next_stale()) - now)
                     self._cond.wait(max(0.0, min(wait_s, _SIGNAL_SLICE_S)))
                     continue
                 # Cleared before claiming, so a wake arriving during the claim
                 # keeps the flag set and the next wait returns at once.
                 self._woken = False
-            claimed, error = self._claim_round(queues, free, pool)
+            claimed, error = self._claim_round(queues, free)
             failed = error is not None
             failed_rounds = failed_rounds + 1 if failed and not claimed else 0
             if burst and failed_rounds >= _BURST_FAILED_ROUNDS:
@@ -788,10 +838,11 @@ class Worker:
                     return
                 if claimed == free:
                     continue  # every slot filled: more may be ready
-                if burst and not claimed and not failed and not self._running:
+                if burst and not claimed and not failed and not self._running and not self._held:
                     return
                 timeout = _ERROR_PAUSE_S if failed else self._poll_interval_s
-                timeout = min(timeout, max(0.0, next_chore - time.monotonic()))
+                until = min(next_chore, self._next_stale()) - time.monotonic()
+                timeout = min(timeout, max(0.0, until))
                 self._cond.wait_for(lambda: self._woken or self._stopping, timeout)
 
     def _chores(self) -> list[_Chore]:
@@ -835,11 +886,10 @@ class Worker:
                 chore.next_at = now + chore.interval_s
         return min((chore.next_at for chore in chores), default=math.inf)
 
-    def _claim_round(
-        self, queues: list[Queue], free: int, pool: DaemonPool
-    ) -> tuple[int, Exception | None]:
-        """Claim up to ``free`` jobs, queue by queue; return how many, and
-        the last error a claim raised (``None`` when none did)."""
+    def _claim_round(self, queues: list[Queue], free: int) -> tuple[int, Exception | None]:
+        """Claim up to ``free`` jobs, queue by queue, and start as many as
+        slots are free; return how many were claimed, and the last error a
+        claim raised (``None`` when none did)."""
         claimed, failed = 0, None
         for queue in queues:
             want = free - claimed
@@ -857,9 +907,9 @@ class Worker:
                     break
                 log.exception("claiming from queue %r failed; retrying", queue.name)
                 continue
-            coroutines = [job for handle in handles if (job := self._start(handle, pool, started))]
-            if coroutines:
-                self._dispatch(coroutines)
+            for handle in handles:
+                self._hold(handle, started)
+            self._start_ready()
             claimed += len(handles)
         return claimed, failed
 
@@ -968,28 +1018,140 @@ class Worker:
     # is left claimed and unheartbeaten: its claim lapses and it is
     # reclaimed (``lost``), as for a worker that died.
 
-    def _start(self, handle: JobHandle, pool: DaemonPool, claimed: float) -> _Coroutine | None:
-        """Start a claimed job: a sync task's on a pool thread; an async
-        task's is returned, for the claim round to hand its batch to the
-        event loop at once (:meth:`_dispatch`)."""
+    def _hold(self, handle: JobHandle, claimed: float) -> None:
+        """Take a claimed job in: heartbeaten from now, waiting for a slot."""
         token = next(self._tokens)
-        with self._cond:
-            self._running[token] = handle
-        lease: Lease | None = None
         try:
             lease = self._heartbeater.add(handle, claimed)
-            started_lease = lease
-            if self._has_async and self._is_async_job(handle):
-                return _Coroutine(token, handle, started_lease)
-            pool.submit(lambda: self._execute(token, handle, started_lease))
         except Exception:
             log.exception(
                 "could not start job %s of %r; its claim is left to lapse", handle.id, handle.queue
             )
-            if lease is not None:
-                self._heartbeater.remove(lease)
+            self._count("lost")
+            return
+        with self._cond:
+            self._held.append(_Held(token, handle, lease, claimed))
+
+    def _start_ready(self) -> None:
+        """Start held jobs, in claim order, while a slot is free (not once
+        the worker stops: those are released). A job whose claim was lost
+        while it waited is not started (``lost``): its lease saw a refused
+        heartbeat, or its claim has lapsed by the monotonic clock."""
+        ready: list[_Held] = []
+        lost: list[_Held] = []
+        with self._cond:
+            now = time.monotonic()
+            while self._held and len(self._running) < self._concurrency and not self._stopping:
+                job = self._held.popleft()
+                if job.lease.lost or now >= job.lease.ends:
+                    lost.append(job)
+                    continue
+                self._running[job.token] = job.handle
+                ready.append(job)
+        for job in lost:
+            log.warning(
+                "prefetched job %s of %r lost its claim before it started; it is not run "
+                "here (it lapsed or was cancelled, and runs elsewhere if it is still due)",
+                job.handle.id,
+                job.handle.queue,
+            )
+            self._heartbeater.remove(job.lease)
+            self._count("lost")
+        coroutines = [item for job in ready if (item := self._start(job)) is not None]
+        if coroutines:
+            self._dispatch(coroutines)
+
+    def _start(self, job: _Held) -> _Coroutine | None:
+        """Start a job given a slot: a sync task's on a pool thread; an
+        async task's is returned, for the caller to hand its batch to the
+        event loop at once (:meth:`_dispatch`)."""
+        token, handle, lease = job.token, job.handle, job.lease
+        pool = self._pool
+        try:
+            if self._has_async and self._is_async_job(handle):
+                return _Coroutine(token, handle, lease)
+            assert pool is not None
+            pool.submit(lambda: self._execute(token, handle, lease))
+        except Exception:
+            log.exception(
+                "could not start job %s of %r; its claim is left to lapse", handle.id, handle.queue
+            )
+            self._heartbeater.remove(lease)
             self._finish(token, "lost")
         return None
+
+    def _room(self) -> int:
+        """How many jobs to claim now (the caller holds the lock): the free
+        slots, plus up to ``prefetch`` ahead, no more than the worker
+        finished in the last :data:`PREFETCH_WINDOW_S`. With every slot
+        busy it tops the prefetched jobs up only once half of them have
+        started, so that each claim takes many jobs, not one per job
+        finished."""
+        finished = self._finished_at
+        horizon = time.monotonic() - PREFETCH_WINDOW_S
+        while finished and finished[0] < horizon:
+            finished.popleft()
+        ahead = min(self._prefetch, len(finished))
+        free = self._concurrency - len(self._running)
+        if free <= 0 and len(self._held) > ahead // 2:
+            return 0
+        return free + ahead - len(self._held)
+
+    def _take_held(self) -> list[_Held]:
+        """Take every prefetched job (the worker stops: none will start)."""
+        with self._cond:
+            taken = list(self._held)
+            self._held.clear()
+        return taken
+
+    def _take_stale(self) -> list[_Held]:
+        """Take the prefetched jobs held for :data:`PREFETCH_WINDOW_S`
+        without a slot: others may be idle. The rate that had them claimed
+        is then forgotten: the worker claims ahead again only for jobs
+        that finish from now on, not straight back the ones it gives up."""
+        stale: list[_Held] = []
+        with self._cond:
+            horizon = time.monotonic() - PREFETCH_WINDOW_S
+            while self._held and self._held[0].claimed <= horizon:
+                stale.append(self._held.popleft())
+            if stale:
+                self._finished_at.clear()
+        return stale
+
+    def _next_stale(self) -> float:
+        """When the oldest prefetched job falls due for release (monotonic;
+        inf when none is held). The caller holds the lock."""
+        return self._held[0].claimed + PREFETCH_WINDOW_S if self._held else math.inf
+
+    def _release_held(self, jobs: list[_Held]) -> None:
+        """Give prefetched jobs back (``JobHandle.release``): due again at
+        once for any worker, their attempts not counted. One that cannot be
+        released is left to lapse (at-least-once)."""
+        if not jobs:
+            return
+        released = 0
+        for job in jobs:
+            self._heartbeater.remove(job.lease)
+            try:
+                released += job.handle.release()
+            except Exception:
+                log.warning(
+                    "could not release prefetched job %s of %r; it is reclaimed once its "
+                    "claim lapses",
+                    job.handle.id,
+                    job.handle.queue,
+                    exc_info=True,
+                )
+        log.info(
+            "worker %s released %d of %d prefetched job(s) it had not started",
+            self._worker_id,
+            released,
+            len(jobs),
+        )
+
+    def _count(self, outcome: Outcome) -> None:
+        with self._cond:
+            self._counts[outcome] += 1
 
     def _finish(self, token: int, outcome: Outcome | None) -> None:
         """Free a job's slot and count its outcome (``None``: handed to the
@@ -999,8 +1161,12 @@ class Worker:
             self._running.pop(token, None)
             if outcome is not None:
                 self._counts[outcome] += 1
+            self._finished_at.append(time.monotonic())
             self._woken = True
             self._cond.notify_all()
+            start = bool(self._held)
+        if start:
+            self._start_ready()
 
     def _execute(self, token: int, handle: JobHandle, lease: Lease) -> None:
         """A sync task's job, on a pool thread: run it, record its outcome."""

@@ -137,6 +137,13 @@ class ChildWorker:
         return code
 
 
+def job_of(queue: Any, job_id: int) -> Any:
+    """``queue.get_job(job_id)``, asserting that the job exists."""
+    found = queue.get_job(job_id)
+    assert found is not None, f"job {job_id} not found"
+    return found
+
+
 def _run_burst(*workers: Worker) -> list[WorkerCounts]:
     """Run the workers in burst mode at once, each on its own thread."""
     running = [RunningWorker(w, burst=True) for w in workers]
@@ -685,6 +692,92 @@ class WorkerTests(WorkerFixtures):
         assert waiting is not None
         assert (waiting.state, waiting.attempts) == ("pending", 0)
         assert executions(worker_log_dir) == {"running": 1}
+
+    # -- prefetch (docs/tasks-and-workers.md "Prefetch") -----------------------
+
+    def test_prefetched_jobs_are_released_unstarted_when_the_worker_stops(
+        self, worker_apps: AppFactory, worker_clock: ManualClock, worker_log_dir: str
+    ) -> None:
+        """Once jobs finish quickly the worker claims ahead of its one slot;
+        at ``stop()`` the jobs it holds and has not started go back at once,
+        due, their attempt not counted (``max_attempts`` one larger), and
+        are never run by it."""
+        app = worker_apps(clock=worker_clock)
+        queue = app.queue(QUEUE)
+        record, gated = app.tasks["record"], app.tasks["gated"]
+        for i in range(30):
+            record.enqueue(worker_log_dir, f"r{i}")
+        gated.enqueue(worker_log_dir, "gate")
+        after = [record.enqueue(worker_log_dir, f"w{i}") for i in range(10)]
+        budget = job_of(queue, after[-1]).max_attempts
+        running = RunningWorker(app.worker(prefetch=5, poll_interval_s=0.05, handle_signals=False))
+        wait_until(lambda: started(worker_log_dir), "the gated job to start")
+        wait_until(
+            lambda: any(job_of(queue, i).attempts for i in after),
+            "the worker to claim ahead of its busy slot",
+        )
+        running.worker.stop()
+        release(worker_log_dir)
+        counts = running.finish()
+
+        assert counts == WorkerCounts(succeeded=31)
+        assert executions(worker_log_dir) == {**{f"r{i}": 1 for i in range(30)}, "gate": 1}
+        rows = [job_of(queue, i) for i in after]
+        assert [row.state for row in rows] == ["pending"] * 10
+        given_back = [row for row in rows if row.attempts]
+        assert 1 <= len(given_back) <= 5
+        for row in given_back:
+            assert (row.attempts, row.max_attempts, row.worker_id) == (1, budget + 1, None)
+        # The next worker runs them, its claims counted from there.
+        assert app.worker(handle_signals=False).run(burst=True).succeeded == 10
+        assert executions(worker_log_dir)["w0"] == 1
+
+    def test_prefetch_zero_claims_only_for_free_slots(
+        self, worker_apps: AppFactory, worker_clock: ManualClock, worker_log_dir: str
+    ) -> None:
+        app = worker_apps(clock=worker_clock)
+        queue = app.queue(QUEUE)
+        for i in range(20):
+            app.tasks["record"].enqueue(worker_log_dir, f"r{i}")
+        app.tasks["gated"].enqueue(worker_log_dir, "gate")
+        after = app.tasks["record"].enqueue(worker_log_dir, "after")
+        running = RunningWorker(app.worker(prefetch=0, poll_interval_s=0.05, handle_signals=False))
+        wait_until(lambda: started(worker_log_dir), "the gated job to start")
+        assert queue.stats().processing == 1
+        assert job_of(queue, after).attempts == 0
+        release(worker_log_dir)
+        running.worker.stop()
+        assert running.finish().succeeded == 21
+
+    def test_a_worker_gives_back_prefetched_jobs_another_is_idle_for(
+        self, worker_apps: AppFactory, worker_clock: ManualClock, worker_log_dir: str
+    ) -> None:
+        """Fairness: worker A, its one slot busy with a long job, holds the
+        next long jobs it claimed ahead; an idle worker B gets them within
+        the prefetch window (A releases them), while A's job still runs."""
+        app = worker_apps(clock=worker_clock)
+        queue = app.queue(QUEUE)
+        for i in range(30):
+            app.tasks["record"].enqueue(worker_log_dir, f"r{i}")
+        gates = [app.tasks["gated"].enqueue(worker_log_dir, f"g{i}") for i in range(3)]
+        budget = job_of(queue, gates[-1]).max_attempts
+        first = RunningWorker(
+            app.worker(prefetch=10, worker_id="A", poll_interval_s=0.05, handle_signals=False)
+        )
+        wait_until(lambda: started(worker_log_dir), "worker A's first long job to start")
+        second = RunningWorker(
+            app.worker(prefetch=10, worker_id="B", poll_interval_s=0.05, handle_signals=False)
+        )
+        wait_until(lambda: len(started(worker_log_dir)) == 2, "worker B to start a long job")
+        rows = {row.worker_id: row for row in (job_of(queue, i) for i in gates)}
+        assert rows["A"].attempts == 1  # A's own long job, still running
+        # B's came from A's prefetch: claimed twice, the first not counted.
+        assert (rows["B"].attempts, rows["B"].max_attempts) == (2, budget + 1)
+        release(worker_log_dir)
+        wait_until(lambda: len(executions(worker_log_dir)) == 33, "every job to run")
+        counts = [first.finish(), second.finish()]
+        assert sum(c.succeeded for c in counts) == 33
+        assert set(executions(worker_log_dir).values()) == {1}
 
     def test_a_job_running_past_the_grace_period_is_reclaimed(
         self, worker_apps: AppFactory, worker_clock: ManualClock, worker_log_dir: str
