@@ -1036,30 +1036,40 @@ class Worker:
         """Start held jobs, in claim order, while a slot is free (not once
         the worker stops: those are released). A job whose claim was lost
         while it waited is not started (``lost``): its lease saw a refused
-        heartbeat, or its claim has lapsed by the monotonic clock."""
-        ready: list[_Held] = []
-        lost: list[_Held] = []
-        with self._cond:
+        heartbeat, or its deadline has passed on the store's clock or the
+        monotonic one (:meth:`Lease.holds`)."""
+        while True:
+            with self._cond:
+                ready: list[_Held] = []
+                while self._held and len(self._running) < self._concurrency and not self._stopping:
+                    job = self._held.popleft()
+                    self._running[job.token] = job.handle  # its slot, taken now
+                    ready.append(job)
+            if not ready:
+                return
             now = time.monotonic()
-            while self._held and len(self._running) < self._concurrency and not self._stopping:
-                job = self._held.popleft()
-                if job.lease.lost or now >= job.lease.ends:
-                    lost.append(job)
-                    continue
-                self._running[job.token] = job.handle
-                ready.append(job)
-        for job in lost:
-            log.warning(
-                "prefetched job %s of %r lost its claim before it started; it is not run "
-                "here (it lapsed or was cancelled, and runs elsewhere if it is still due)",
-                job.handle.id,
-                job.handle.queue,
-            )
-            self._heartbeater.remove(job.lease)
-            self._count("lost")
-        coroutines = [item for job in ready if (item := self._start(job)) is not None]
-        if coroutines:
-            self._dispatch(coroutines)
+            lost = [job for job in ready if not job.lease.holds(now)]
+            gone = {job.token for job in lost}
+            coroutines = [
+                item
+                for job in ready
+                if job.token not in gone and (item := self._start(job)) is not None
+            ]
+            if coroutines:
+                self._dispatch(coroutines)
+            if not lost:
+                return
+            for job in lost:  # their slots free again: the loop fills them
+                log.warning(
+                    "prefetched job %s of %r lost its claim before it started; it is not "
+                    "run here (it lapsed or was cancelled, and runs elsewhere if still due)",
+                    job.handle.id,
+                    job.handle.queue,
+                )
+                self._heartbeater.remove(job.lease)
+                with self._cond:
+                    self._running.pop(job.token, None)
+                    self._counts["lost"] += 1
 
     def _start(self, job: _Held) -> _Coroutine | None:
         """Start a job given a slot: a sync task's on a pool thread; an

@@ -732,6 +732,32 @@ class WorkerTests(WorkerFixtures):
         assert app.worker(handle_signals=False).run(burst=True).succeeded == 10
         assert executions(worker_log_dir)["w0"] == 1
 
+    def test_a_prefetched_job_whose_claim_lapsed_is_never_started(
+        self, worker_apps: AppFactory, worker_clock: ManualClock, worker_log_dir: str
+    ) -> None:
+        """A job claimed ahead whose claim lapses while it waits for a slot
+        is not run on that claim (it is no longer its own): counted
+        ``lost``, it runs once, under a new claim."""
+        app = worker_apps(clock=worker_clock)
+        queue = app.queue(QUEUE)
+        for i in range(30):
+            app.tasks["record"].enqueue(worker_log_dir, f"r{i}")
+        app.tasks["gated"].enqueue(worker_log_dir, "gate")
+        ahead = app.tasks["record"].enqueue(worker_log_dir, "ahead")
+        running = RunningWorker(app.worker(prefetch=5, poll_interval_s=0.05, handle_signals=False))
+        wait_until(lambda: started(worker_log_dir), "the gated job to start")
+        wait_until(lambda: job_of(queue, ahead).attempts, "the worker to claim ahead")
+        # The jobs before it acked (the completer's batch): only two claims left.
+        wait_until(lambda: queue.stats().processing == 2, "the finished jobs' acks")
+        worker_clock.advance(30)  # every claim lapses, the running job's too
+        release(worker_log_dir)
+        # Both are reclaimed (by this worker too) and run under new claims.
+        wait_until(lambda: queue.stats() == (0, 0, 0, 0), "every job to be done")
+        counts = running.finish()
+        assert (counts.succeeded, counts.lost) == (32, 2)
+        runs = executions(worker_log_dir)
+        assert (runs["gate"], runs["ahead"]) == (2, 1)  # the gate's first run was lost
+
     def test_prefetch_zero_claims_only_for_free_slots(
         self, worker_apps: AppFactory, worker_clock: ManualClock, worker_log_dir: str
     ) -> None:
@@ -743,7 +769,7 @@ class WorkerTests(WorkerFixtures):
         after = app.tasks["record"].enqueue(worker_log_dir, "after")
         running = RunningWorker(app.worker(prefetch=0, poll_interval_s=0.05, handle_signals=False))
         wait_until(lambda: started(worker_log_dir), "the gated job to start")
-        assert queue.stats().processing == 1
+        wait_until(lambda: queue.stats().processing == 1, "the finished jobs' acks")
         assert job_of(queue, after).attempts == 0
         release(worker_log_dir)
         running.worker.stop()
