@@ -212,7 +212,8 @@ class WorkerCounts(NamedTuple):
         The outcome could not be recorded because the claim was no longer
         this worker's (it lapsed and may have been reclaimed) or the store
         failed past the claim's lapse; the job runs again elsewhere or
-        already did.
+        already did. A prefetched job whose claim was lost before it
+        started counts here too, and is not run on that claim.
     cancelled
         The job was cancelled (``Queue.cancel``) while its handler ran, so
         its outcome was not recorded (nothing is left to record it on).
