@@ -39,9 +39,9 @@ from alkstore_postgres._sql.queue import (
     INT64_MAX,
     INT64_MIN,
     LAPSED_CLAIMS,
-    LITERAL_N_MAX,
     STATS,
     SWEEP_EXPIRED,
+    claim_is_prepared,
     claim_order,
     claim_query,
     insert,
@@ -116,8 +116,8 @@ class AsyncPostgresQueue(AsyncQueue):
         store = self._pg_store
         # LIMIT takes a bigint; no table holds more rows than that anyway.
         n = min(n, INT64_MAX)
-        # A larger n is sent unprepared: planned at its call, knowing its LIMIT.
-        prepare = n <= LITERAL_N_MAX
+        # Another n is sent unprepared: planned at its call, knowing its LIMIT.
+        prepare = claim_is_prepared(n)
         query = claim_query(store.schema, n)
         begun = time.monotonic()
         async with store._db.connection() as conn, psycopg.AsyncRawCursor(conn) as cur:

@@ -35,8 +35,10 @@ __all__ = [
     "INT64_MIN",
     "LAPSED_CLAIMS",
     "LITERAL_N_MAX",
+    "POWER_OF_TWO_N_MAX",
     "STATS",
     "SWEEP_EXPIRED",
+    "claim_is_prepared",
     "claim_order",
     "claim_query",
     "insert",
@@ -148,8 +150,8 @@ INSERT_MANY = Statement(
 # parameter: a generic plan with a parameter LIMIT assumes it keeps a tenth
 # of the table, which can make a whole-table scan look cheaper than the
 # walk. The pool's connections run with plan_cache_mode =
-# force_generic_plan (_connection), so each rendering for n up to
-# LITERAL_N_MAX is a prepared statement planned once per connection (about
+# force_generic_plan (_connection), so each rendering that
+# claim_is_prepared names is a prepared statement planned once per connection (about
 # 330 kB of server memory each); 'auto' kept re-planning it at every call
 # (0.5 ms) whenever stale statistics after a large drain made the generic
 # plan look dearer than the custom ones. A larger batch is sent unprepared,
@@ -404,9 +406,19 @@ def stamps(resolved: Resolved) -> tuple[Any, ...]:
 
 
 #: The largest n whose claim has a rendering of its own, prepared (see
-#: CLAIM); a larger batch is sent unprepared. A worker claims its free slots,
-#: so it uses at most its concurrency's worth.
+#: CLAIM), and the largest power of two that has one too; any other batch
+#: is sent unprepared. A worker claims its free slots (at most its
+#: concurrency's worth), and claims ahead in powers of two (its prefetch).
 LITERAL_N_MAX = 16
+POWER_OF_TWO_N_MAX = 1024
+
+
+def claim_is_prepared(n: int) -> bool:
+    """Whether the claim of ``n`` jobs runs as a prepared statement: ``n``
+    up to :data:`LITERAL_N_MAX`, or a power of two up to
+    :data:`POWER_OF_TWO_N_MAX` (planned once per connection, about 1 ms
+    saved per claim)."""
+    return n <= LITERAL_N_MAX or (n <= POWER_OF_TWO_N_MAX and n & (n - 1) == 0)
 
 
 #: The claim's parameters, in the order the queue passes them (see numbered).
