@@ -138,6 +138,9 @@ DEFAULT_PREFETCH = 100
 #: a free slot to start it on: no worker holds a job others are idle on for
 #: longer than this.
 PREFETCH_WINDOW_S = 1.0
+#: A claim of up to this many asks for exactly what it wants; above, for a
+#: power of two (:meth:`Worker._room`).
+_CLAIM_SIZES_FREE = 16
 #: Async jobs started per step of the event loop: a step creates their
 #: tasks, about 10 µs each (about 100 µs under asyncio's debug mode, which
 #: records where each was created), so a step stays far below a
@@ -1092,29 +1095,28 @@ class Worker:
         return None
 
     def _room(self) -> int:
-        """How many jobs to claim now (the caller holds the lock).
-
-        With a slot free, only the free slots: a claim that starts jobs at
-        once stays small, the quickest to answer (on PostgreSQL a claim of
-        up to 16 is a prepared statement). With every slot busy, claims
-        ahead, so that the claim's round trip overlaps running handlers:
-        up to ``prefetch`` jobs, no more than the worker finished in the
-        last :data:`PREFETCH_WINDOW_S`, topped up only once half of those
-        held have started, so that each such claim takes many jobs."""
-        free = self._concurrency - len(self._running)
-        if free > 0:
-            return free
+        """How many jobs to claim now (the caller holds the lock): the free
+        slots, plus up to ``prefetch`` ahead, no more than the worker
+        finished in the last :data:`PREFETCH_WINDOW_S`; one claim for both,
+        so that a wake costs one round trip. With every slot busy it tops
+        the prefetched jobs up only once half of them have started, so that
+        each claim takes many jobs, not one per job finished. Above 16, a
+        claim asks for a power of two (never fewer than the free slots): an
+        engine that plans a claim per batch size plans few (the PostgreSQL
+        engine prepares these)."""
         finished = self._finished_at
         horizon = time.monotonic() - PREFETCH_WINDOW_S
         while finished and finished[0] < horizon:
             finished.popleft()
         ahead = min(self._prefetch, len(finished))
-        want = ahead - len(self._held)
-        if want <= 0 or len(self._held) > ahead // 2:
+        free = self._concurrency - len(self._running)
+        held = len(self._held)
+        if free <= 0 and held > ahead // 2:
             return 0
-        # A power of two: an engine that plans a claim per batch size (the
-        # PostgreSQL engine prepares these) plans few.
-        return 1 << (want.bit_length() - 1)
+        want = free + ahead - held
+        if want <= _CLAIM_SIZES_FREE:
+            return want
+        return max(free, 1 << (want.bit_length() - 1))
 
     def _take_held(self) -> list[_Held]:
         """Take every prefetched job (the worker stops: none will start)."""
