@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import math
@@ -144,8 +145,10 @@ _CLAIM_SIZES_FREE = 16
 #: Async jobs started per step of the event loop: a step creates their
 #: tasks, about 10 µs each (about 100 µs under asyncio's debug mode, which
 #: records where each was created), so a step stays far below a
-#: millisecond, and under 2 ms in debug mode.
-_BEGIN_STEP = 16
+#: millisecond, and under 1 ms in debug mode. The worker's other threads
+#: (building the jobs it claims ahead) take the GIL meanwhile: steps of 16
+#: were seen at 5-6 ms in debug mode with prefetch, steps of 8 were not.
+_BEGIN_STEP = 8
 
 #: How a job ended, as logged and counted.
 Outcome = Literal["succeeded", "retried", "dead", "lost", "cancelled"]
@@ -1036,12 +1039,17 @@ class Worker:
         with self._cond:
             self._held.append(_Held(token, handle, lease, claimed))
 
-    def _start_ready(self) -> None:
+    def _start_ready(self, here: bool = False) -> _Held | None:
         """Start held jobs, in claim order, while a slot is free (not once
         the worker stops: those are released). A job whose claim was lost
         while it waited is not started (``lost``): its lease saw a refused
         heartbeat, or its deadline has passed on the store's clock or the
-        monotonic one (:meth:`Lease.holds`)."""
+        monotonic one (:meth:`Lease.holds`).
+
+        With ``here`` (a handler thread whose job just finished), the first
+        sync job is returned for that thread to run, not handed to another:
+        a thread that finishes a job takes the next at once."""
+        mine: _Held | None = None
         while True:
             with self._cond:
                 ready: list[_Held] = []
@@ -1050,19 +1058,24 @@ class Worker:
                     self._running[job.token] = job.handle  # its slot, taken now
                     ready.append(job)
             if not ready:
-                return
+                return mine
             now = time.monotonic()
             lost = [job for job in ready if not job.lease.holds(now)]
             gone = {job.token for job in lost}
-            coroutines = [
-                item
-                for job in ready
-                if job.token not in gone and (item := self._start(job)) is not None
-            ]
+            coroutines: list[_Coroutine] = []
+            for job in ready:
+                if job.token in gone:
+                    continue
+                if self._has_async and self._is_async_job(job.handle):
+                    coroutines.append(_Coroutine(job.token, job.handle, job.lease))
+                elif here and mine is None:
+                    mine = job
+                else:
+                    self._submit(job)
             if coroutines:
                 self._dispatch(coroutines)
             if not lost:
-                return
+                return mine
             for job in lost:  # their slots free again: the loop fills them
                 log.warning(
                     "prefetched job %s of %r lost its claim before it started; it is not "
@@ -1075,24 +1088,18 @@ class Worker:
                     self._running.pop(job.token, None)
                     self._counts["lost"] += 1
 
-    def _start(self, job: _Held) -> _Coroutine | None:
-        """Start a job given a slot: a sync task's on a pool thread; an
-        async task's is returned, for the caller to hand its batch to the
-        event loop at once (:meth:`_dispatch`)."""
+    def _submit(self, job: _Held) -> None:
+        """Run a sync task's job on a pool thread."""
         token, handle, lease = job.token, job.handle, job.lease
-        pool = self._pool
         try:
-            if self._has_async and self._is_async_job(handle):
-                return _Coroutine(token, handle, lease)
-            assert pool is not None
-            pool.submit(lambda: self._execute(token, handle, lease))
+            assert self._pool is not None
+            self._pool.submit(lambda: self._execute(token, handle, lease))
         except Exception:
             log.exception(
                 "could not start job %s of %r; its claim is left to lapse", handle.id, handle.queue
             )
             self._heartbeater.remove(lease)
             self._finish(token, "lost")
-        return None
 
     def _room(self) -> int:
         """How many jobs to claim now (the caller holds the lock): the free
@@ -1174,24 +1181,39 @@ class Worker:
         with self._cond:
             self._counts[outcome] += 1
 
-    def _finish(self, token: int, outcome: Outcome | None) -> None:
+    def _finish(self, token: int, outcome: Outcome | None, here: bool = False) -> _Held | None:
         """Free a job's slot and count its outcome (``None``: handed to the
         completer, which counts it once its ack is known, or left to lapse
-        uncounted)."""
+        uncounted); start the next held jobs (with ``here``, the first sync
+        one is returned for the caller's thread to run).
+
+        The claim loop is woken only when it may have work: no job held
+        (a slot to claim for), few left (time to top them up), or a stop
+        (the drain waits for the last job): not once per job."""
         with self._cond:
             self._running.pop(token, None)
             if outcome is not None:
                 self._counts[outcome] += 1
             self._finished_at.append(time.monotonic())
-            self._woken = True
-            self._cond.notify_all()
-            start = bool(self._held)
-        if start:
-            self._start_ready()
+            held = len(self._held)
+            if self._stopping or held <= self._prefetch // 2:
+                self._woken = True
+                self._cond.notify_all()
+        return self._start_ready(here) if held else None
 
     def _execute(self, token: int, handle: JobHandle, lease: Lease) -> None:
-        """A sync task's job, on a pool thread: run it, record its outcome."""
-        self._settle(token, handle, lease, lambda: self._run_job(handle, lease))
+        """Sync tasks' jobs, on a pool thread: run one, record its outcome,
+        then the next held one, while there is one."""
+        job: _Held | None = _Held(token, handle, lease, 0.0)
+        while job is not None:
+            current = job
+            job = self._settle(
+                current.token,
+                current.handle,
+                current.lease,
+                functools.partial(self._run_job, current.handle, current.lease),
+                here=True,
+            )
 
     def _settle(
         self,
@@ -1199,9 +1221,11 @@ class Worker:
         handle: JobHandle,
         lease: Lease,
         record: Callable[[], Outcome | None],
-    ) -> None:
+        here: bool = False,
+    ) -> _Held | None:
         """Call ``record`` (which records the job's outcome and returns it),
-        then free the job's slot and count the outcome, whatever happens."""
+        then free the job's slot and count the outcome, whatever happens;
+        return the job this thread runs next (with ``here``: :meth:`_finish`)."""
         outcome: Outcome | None = "lost"
         try:
             outcome = record()
@@ -1214,7 +1238,8 @@ class Worker:
         finally:
             if outcome is not None:  # else the completer owns the lease now
                 self._heartbeater.remove(lease)
-            self._finish(token, outcome)
+            following = self._finish(token, outcome, here)
+        return following
 
     def _refresh_tasks(self) -> None:
         tasks = dict(self._app.tasks)
@@ -1446,7 +1471,7 @@ class Worker:
             )
         )
 
-    def _failed(self, job: _Coroutine, error: BaseException) -> Callable[[], None]:
+    def _failed(self, job: _Coroutine, error: BaseException) -> Callable[[], object]:
         """The outcome thread's work for a job the worker itself failed to
         run (W13): logged, counted ``lost``, its claim left to lapse."""
 
