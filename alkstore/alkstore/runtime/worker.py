@@ -130,8 +130,9 @@ _CANCEL_WAIT_S = 1.0
 _LOOP_STOP_TIMEOUT_S = 5.0
 #: The default bound on prefetched jobs (claimed ahead of the free slots):
 #: 0 (no prefetch) drains no-op jobs at 0.6x huey's consumer at concurrency
-#: 1 on SQLite; a bound of 100 amortises the claim's commit over 100 jobs,
-#: as ``claim_batch(100)`` does (bench/bench_worker.py).
+#: 1 on SQLite, a claim commit per job; 100 amortises it over many, and
+#: was faster than 256 at concurrency 16 on PostgreSQL (docs/tasks-and-
+#: workers.md, W19).
 DEFAULT_PREFETCH = 100
 #: The prefetch window, seconds: a worker claims ahead as many jobs as it
 #: finished in the last window (up to its ``prefetch``), and gives back
