@@ -79,6 +79,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +105,7 @@ from bench_postgres import (
     rate_row,
     sql,
 )
-from bench_worker import QUEUE, check_empty, fill
+from bench_worker import QUEUE, check_empty, fill, worker_wake_consumer
 
 import alkstore
 
@@ -320,26 +321,6 @@ def alk_async_worker_drain(url: str, n: int, concurrency: int) -> float:
     return n / elapsed
 
 
-def _alk_sync_wake_consumer(url: str, ready: Any, pipe: Any, count: int) -> None:
-    """An idle sync worker (concurrency 1); the async handler sends its start time."""
-    got = 0
-    worker: alkstore.Worker | None = None
-
-    def on_job() -> None:
-        nonlocal got
-        pipe.send(time.clock_gettime_ns(time.CLOCK_MONOTONIC))
-        got += 1
-        if got >= count and worker is not None:
-            worker.stop()
-
-    app, _ = _alk_app(url, 1, on_job)
-    with app:
-        _warm(app.store, 4)
-        worker = app.worker(queues=[QUEUE], concurrency=1, handle_signals=False)
-        ready.set()
-        worker.run()
-
-
 def _alk_async_wake_consumer(url: str, ready: Any, pipe: Any, count: int) -> None:
     """An idle async worker (concurrency 1); the handler sends its start time."""
 
@@ -374,7 +355,7 @@ def alk_wake_sync_worker(url: str, samples: int, warmup: int) -> list[float]:
         url,
         samples,
         warmup,
-        consumer=_alk_sync_wake_consumer,
+        consumer=partial(worker_wake_consumer, make_app=_alk_app),
         queue=QUEUE,
         payload=TASK_PAYLOAD,
     )

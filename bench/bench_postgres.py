@@ -408,25 +408,50 @@ def alk_wake(
     (spawned): it sets ``ready``, then sends ``CLOCK_MONOTONIC`` (ns) down
     ``pipe`` as it takes each of ``count`` jobs of ``queue``; the producer
     here enqueues ``payload`` one at a time."""
+    with alkstore.open(url) as store:
+        q = store.queue(queue)
+        return sample_wakes(
+            consumer,
+            url,
+            lambda: q.enqueue(payload),
+            samples=samples,
+            warmup=warmup,
+            who="the alkstore consumer",
+        )
+
+
+def sample_wakes(
+    consumer: Callable[..., None],
+    where: str,
+    enqueue: Callable[[], object],
+    *,
+    samples: int,
+    warmup: int,
+    who: str,
+) -> list[float]:
+    """Milliseconds from each ``enqueue()`` here (its commit: when it
+    returns) to the ``CLOCK_MONOTONIC`` (ns) a spawned consumer process
+    sends down its pipe as it takes the job: ``consumer(where, ready, pipe,
+    count)`` sets ``ready``, then sends one reading per job of ``count``.
+    The producer pauses 5 to 17 ms before each job, so the consumer idles
+    between them; the first ``warmup`` samples are dropped."""
     ctx = mp.get_context("spawn")
     ready = ctx.Event()
     here, there = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=consumer, args=(url, ready, there, warmup + samples))
+    child = ctx.Process(target=consumer, args=(where, ready, there, warmup + samples))
     child.start()
     ready.wait(30)
     out: list[float] = []
     try:
-        with alkstore.open(url) as store:
-            q = store.queue(queue)
-            for i in range(warmup + samples):
-                time.sleep(0.005 + (i % 7) * 0.002)  # the consumer idles between wakes
-                q.enqueue(payload)
-                committed = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-                if not here.poll(10):
-                    raise RuntimeError("the alkstore consumer did not claim within 10 s")
-                claimed = here.recv()
-                if i >= warmup:
-                    out.append(max(0, claimed - committed) / 1e6)
+        for i in range(warmup + samples):
+            time.sleep(0.005 + (i % 7) * 0.002)  # the consumer idles between wakes
+            enqueue()
+            committed = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+            if not here.poll(10):
+                raise RuntimeError(f"{who} did not take the job within 10 s")
+            taken = here.recv()
+            if i >= warmup:
+                out.append(max(0, taken - committed) / 1e6)
     finally:
         child.join(10)
         if child.is_alive():

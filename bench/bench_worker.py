@@ -91,7 +91,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import multiprocessing as mp
 import os
 import shlex
 import shutil
@@ -127,6 +126,7 @@ from bench_postgres import (
     proc_enqueue,
     proc_fill,
     proc_wake,
+    sample_wakes,
     sql,
 )
 
@@ -361,12 +361,20 @@ def alk_enqueue_one(url: str, n: int) -> float:
         return n / (time.perf_counter() - begun)
 
 
-def _alk_wake_consumer(
-    url: str, ready: Any, pipe: Any, count: int, *, prefetch: int | None = None
+def worker_wake_consumer(
+    url: str,
+    ready: Any,
+    pipe: Any,
+    count: int,
+    *,
+    make_app: Callable[..., tuple[alkstore.App, Any]] = _alk_app,
+    prefetch: int | None = None,
 ) -> None:
     """An idle worker (``Worker.run()``, concurrency 1, ``prefetch`` when
-    given) whose sync handler sends ``CLOCK_MONOTONIC`` first; stopped from
-    the handler after ``count``."""
+    given) of the app ``make_app(url, 1, on_job)`` builds (default: this
+    bench's sync no-op task), whose handler sends ``CLOCK_MONOTONIC`` first;
+    stopped from the handler after ``count``. bench_async.py runs it with
+    its async task."""
     got = 0
     worker: alkstore.Worker | None = None
 
@@ -377,7 +385,7 @@ def _alk_wake_consumer(
         if got >= count and worker is not None:
             worker.stop()
 
-    app, _ = _alk_app(url, 1, on_job)
+    app, _ = make_app(url, 1, on_job)
     with app:
         app.store.queue(QUEUE).stats()  # the store open before the first sample
         options = {} if prefetch is None else {"prefetch": prefetch}
@@ -388,8 +396,8 @@ def _alk_wake_consumer(
 
 def alk_worker_wake(url: str, samples: int, warmup: int, prefetch: int | None) -> list[float]:
     """bench_postgres.py's producer (``alk_wake``) enqueueing the task's
-    payload, with :func:`_alk_wake_consumer` as the consumer."""
-    consumer = partial(_alk_wake_consumer, prefetch=prefetch)
+    payload, with :func:`worker_wake_consumer` as the consumer."""
+    consumer = partial(worker_wake_consumer, prefetch=prefetch)
     return alk_wake(url, samples, warmup, consumer=consumer, queue=QUEUE, payload=PAYLOAD)
 
 
@@ -501,30 +509,10 @@ def _huey_wake_consumer(path: str, ready: Any, pipe: Any, count: int) -> None:
 def huey_wake(path: str, samples: int, warmup: int) -> list[float]:
     """As bench_postgres.py's ``alk_wake``, for huey: calls of the task here,
     its consumer in another process (it polls: no wake)."""
-    ctx = mp.get_context("spawn")
-    ready = ctx.Event()
-    here, there = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_huey_wake_consumer, args=(path, ready, there, warmup + samples))
-    child.start()
-    ready.wait(30)
-    out: list[float] = []
-    try:
-        _, noop = _huey(path, fsync=True)
-        for i in range(warmup + samples):
-            time.sleep(0.005 + (i % 7) * 0.002)  # the consumer idles between jobs
-            noop()
-            committed = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-            if not here.poll(10):
-                raise RuntimeError("the huey consumer did not run the job within 10 s")
-            started = here.recv()
-            if i >= warmup:
-                out.append(max(0, started - committed) / 1e6)
-    finally:
-        child.join(10)
-        if child.is_alive():
-            child.terminate()
-            child.join()
-    return out
+    _, noop = _huey(path, fsync=True)
+    return sample_wakes(
+        _huey_wake_consumer, path, noop, samples=samples, warmup=warmup, who="the huey consumer"
+    )
 
 
 # -- PostgreSQL peers: bench_async.py's and bench_postgres.py's drivers -------------
