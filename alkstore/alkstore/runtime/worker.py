@@ -1154,23 +1154,28 @@ class Worker:
 
     def _release_held(self, jobs: list[_Held]) -> None:
         """Give prefetched jobs back (``JobHandle.release``): due again at
-        once for any worker, their attempts not counted. One that cannot be
-        released is left to lapse (at-least-once)."""
+        once for any worker, their attempts not counted. After the first
+        release that raises (the store closed, or failing), the rest are
+        not tried, so a failing store costs one wait, not one per job: they
+        are left to lapse and be reclaimed (at-least-once)."""
         if not jobs:
             return
-        released = 0
         for job in jobs:
             self._heartbeater.remove(job.lease)
+        released = 0
+        for index, job in enumerate(jobs):
             try:
                 released += job.handle.release()
-            except Exception:
+            except Exception as exc:
                 log.warning(
-                    "could not release prefetched job %s of %r; it is reclaimed once its "
-                    "claim lapses",
+                    "could not release prefetched job %s of %r (%s); it and the %d "
+                    "after it are reclaimed once their claims lapse",
                     job.handle.id,
                     job.handle.queue,
-                    exc_info=True,
+                    exc,
+                    len(jobs) - index - 1,
                 )
+                break
         log.info(
             "worker %s released %d of %d prefetched job(s) it had not started",
             self._worker_id,
