@@ -727,7 +727,14 @@ def run_sqlite(bench: Bench) -> Engine:
     s, work = bench.sizes, bench.workdir
     n = s.jobs
     url = f"sqlite:///{work / 'alkstore.db'}"
-    engine = Engine("SQLite", SQLITE_PEERS, url, "bare sqlite3 INSERT + commit, WAL, FULL", n, n)
+    engine = Engine(
+        "SQLite",
+        SQLITE_PEERS,
+        url,
+        "alkstore's insert statement through bare sqlite3, a commit each, WAL, FULL",
+        n,
+        n,
+    )
     huey_db = str(work / "huey.db")
     alkstore.open(url).close()
 
