@@ -97,6 +97,51 @@ def test_worker_counts_total() -> None:
 # -- options -----------------------------------------------------------------
 
 
+def test_a_closed_store_leaves_prefetched_jobs_to_lapse_after_one_failed_release(
+    app: App, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store closes while the worker holds prefetched jobs: the first
+    release raises, and the others are not tried one by one (each would
+    wait on the store); one warning says how many are left to lapse."""
+    gate = threading.Event()
+    app.task(queue="q", name="fast")(lambda: None)
+
+    @app.task(queue="q", name="slow")
+    def slow() -> None:
+        gate.wait(WAIT_S)
+
+    queue = app.queue("q")
+    for _ in range(30):
+        app.tasks["fast"].enqueue()
+    slow.enqueue()
+    after = [app.tasks["fast"].enqueue() for _ in range(10)]
+    worker = app.worker(prefetch=5, poll_interval_s=0.05, grace_period_s=5, handle_signals=False)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    with caplog.at_level(logging.INFO, logger="alkstore.worker"):
+        thread.start()
+        wait_until(
+            lambda: sum(job.attempts for i in after if (job := queue.get_job(i))) >= 2,
+            "two jobs claimed ahead of the slow one",
+        )
+        held = sum(job.attempts for i in after if (job := queue.get_job(i)))
+        app.store.close()
+        gate.set()
+        thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert [type(e) for e in errors] == [StoreClosedError]
+    failed = [r.getMessage() for r in caplog.records if "could not release" in r.getMessage()]
+    assert len(failed) == 1, failed
+    assert f"and the {held - 1} after it are reclaimed" in failed[0]
+
+
 def test_worker_options_are_validated(app: App) -> None:
     with pytest.raises(ValidationError, match="no queue"):
         app.worker()
@@ -116,6 +161,10 @@ def test_worker_options_are_validated(app: App) -> None:
         app.worker(["ok", "not ok"])
     with pytest.raises(ValidationError, match="handle_signals"):
         app.worker(handle_signals=1)
+    for bad in ({"prefetch": -1}, {"prefetch": 10_001}, {"prefetch": True}, {"prefetch": 1.5}):
+        with pytest.raises(ValidationError, match="prefetch"):
+            app.worker(**bad)
+    assert (app.worker().prefetch, app.worker(prefetch=0).prefetch) == (100, 0)
     assert app.worker("solo").queues == ["solo"]
     assert app.worker(["a", "b", "a"]).queues == ["a", "b"]
     worker = app.worker(concurrency=3, worker_id="w-1")

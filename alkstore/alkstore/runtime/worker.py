@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Future
 
     from alkstore.contract.queue import Queue
+    from alkstore.contract.store import Store
     from alkstore.contract.subscription import Subscription
     from alkstore.runtime.app import App
     from alkstore.runtime.loop import LoopThread
@@ -446,6 +447,7 @@ class Worker:
         self._held: collections.deque[_Held] = collections.deque()
         self._finished_at: collections.deque[float] = collections.deque()
         self._pool: DaemonPool | None = None
+        self._store: Store | None = None
         self._tokens = itertools.count()
         self._counts: dict[str, int] = dict.fromkeys(WorkerCounts._fields, 0)
         self._tasks: dict[str, Task[Any, Any]] = {}
@@ -732,6 +734,9 @@ class Worker:
         """A run's whole life on this thread."""
         queues = [self._app.queue(name) for name in self._queue_names]
         self._queues_by_name = {queue.name: queue for queue in queues}
+        # The store this run claims from (App.close forgets its own: asking
+        # the app again after that would open another).
+        self._store = self._app.store
         self._refresh_tasks()
         subscriptions: list[Subscription] = []
         try:
@@ -1042,7 +1047,8 @@ class Worker:
 
     def _start_ready(self, here: bool = False) -> _Held | None:
         """Start held jobs, in claim order, while a slot is free (not once
-        the worker stops: those are released). A job whose claim was lost
+        the worker stops, nor once the store is closed: those are
+        released, or left to lapse). A job whose claim was lost
         while it waited is not started (``lost``): its lease saw a refused
         heartbeat, or its deadline has passed on the store's clock or the
         monotonic one (:meth:`Lease.holds`).
@@ -1051,10 +1057,18 @@ class Worker:
         sync job is returned for that thread to run, not handed to another:
         a thread that finishes a job takes the next at once."""
         mine: _Held | None = None
+        store = self._store
         while True:
             with self._cond:
                 ready: list[_Held] = []
-                while self._held and len(self._running) < self._concurrency and not self._stopping:
+                # Not on a closed store either: no outcome could be recorded
+                # (the claim loop notices it at its next claim, and stops).
+                while (
+                    self._held
+                    and len(self._running) < self._concurrency
+                    and not self._stopping
+                    and not (store is not None and store.closed)
+                ):
                     job = self._held.popleft()
                     self._running[job.token] = job.handle  # its slot, taken now
                     ready.append(job)
