@@ -53,6 +53,20 @@ def wait_until(predicate: Any, what: str, timeout_s: float = WAIT_S) -> None:
         time.sleep(0.01)
 
 
+def run_on_a_thread(worker: Worker) -> tuple[threading.Thread, list[BaseException]]:
+    """A thread (not started) running ``worker.run()``, and the list that
+    collects what it raised."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    return threading.Thread(target=run), errors
+
+
 # -- outcomes ----------------------------------------------------------------
 
 
@@ -116,15 +130,7 @@ def test_a_closed_store_leaves_prefetched_jobs_to_lapse_after_one_failed_release
     slow.enqueue()
     after = [app.tasks["fast"].enqueue() for _ in range(10)]
     worker = app.worker(prefetch=5, poll_interval_s=0.05, grace_period_s=5, handle_signals=False)
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            worker.run()
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run)
+    thread, errors = run_on_a_thread(worker)
     with caplog.at_level(logging.INFO, logger="alkstore.worker"):
         thread.start()
         wait_until(
@@ -241,15 +247,7 @@ def test_a_malformed_call_is_logged_under_the_task_it_names(
 def test_a_closed_store_ends_the_run(app: App) -> None:
     app.task(queue="q")(print)
     worker = app.worker(poll_interval_s=0.05, handle_signals=False)
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            worker.run()
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run)
+    thread, errors = run_on_a_thread(worker)
     thread.start()
     time.sleep(0.1)
     app.store.close()

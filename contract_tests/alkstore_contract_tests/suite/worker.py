@@ -144,6 +144,18 @@ def job_of(queue: Any, job_id: int) -> Any:
     return found
 
 
+def behind_a_gate(
+    app: App, log_dir: str, before: int, gates: list[str], after: list[str]
+) -> tuple[list[int], list[int]]:
+    """The prefetch tests' queue: ``before`` quick jobs (``r0`` ...), then a
+    gated job per token of ``gates``, then a quick job per token of
+    ``after``; the ids of the gated jobs and of those after them."""
+    for i in range(before):
+        app.tasks["record"].enqueue(log_dir, f"r{i}")
+    gated = [app.tasks["gated"].enqueue(log_dir, token) for token in gates]
+    return gated, [app.tasks["record"].enqueue(log_dir, token) for token in after]
+
+
 def _run_burst(*workers: Worker) -> list[WorkerCounts]:
     """Run the workers in burst mode at once, each on its own thread."""
     running = [RunningWorker(w, burst=True) for w in workers]
@@ -704,11 +716,7 @@ class WorkerTests(WorkerFixtures):
         are never run by it."""
         app = worker_apps(clock=worker_clock)
         queue = app.queue(QUEUE)
-        record, gated = app.tasks["record"], app.tasks["gated"]
-        for i in range(30):
-            record.enqueue(worker_log_dir, f"r{i}")
-        gated.enqueue(worker_log_dir, "gate")
-        after = [record.enqueue(worker_log_dir, f"w{i}") for i in range(10)]
+        _, after = behind_a_gate(app, worker_log_dir, 30, ["gate"], [f"w{i}" for i in range(10)])
         budget = job_of(queue, after[-1]).max_attempts
         running = RunningWorker(app.worker(prefetch=5, poll_interval_s=0.05, handle_signals=False))
         wait_until(lambda: started(worker_log_dir), "the gated job to start")
@@ -740,10 +748,7 @@ class WorkerTests(WorkerFixtures):
         ``lost``, it runs once, under a new claim."""
         app = worker_apps(clock=worker_clock)
         queue = app.queue(QUEUE)
-        for i in range(30):
-            app.tasks["record"].enqueue(worker_log_dir, f"r{i}")
-        app.tasks["gated"].enqueue(worker_log_dir, "gate")
-        ahead = app.tasks["record"].enqueue(worker_log_dir, "ahead")
+        _, [ahead] = behind_a_gate(app, worker_log_dir, 30, ["gate"], ["ahead"])
         running = RunningWorker(app.worker(prefetch=5, poll_interval_s=0.05, handle_signals=False))
         wait_until(lambda: started(worker_log_dir), "the gated job to start")
         wait_until(lambda: job_of(queue, ahead).attempts, "the worker to claim ahead")
@@ -763,10 +768,7 @@ class WorkerTests(WorkerFixtures):
     ) -> None:
         app = worker_apps(clock=worker_clock)
         queue = app.queue(QUEUE)
-        for i in range(20):
-            app.tasks["record"].enqueue(worker_log_dir, f"r{i}")
-        app.tasks["gated"].enqueue(worker_log_dir, "gate")
-        after = app.tasks["record"].enqueue(worker_log_dir, "after")
+        _, [after] = behind_a_gate(app, worker_log_dir, 20, ["gate"], ["after"])
         running = RunningWorker(app.worker(prefetch=0, poll_interval_s=0.05, handle_signals=False))
         wait_until(lambda: started(worker_log_dir), "the gated job to start")
         wait_until(lambda: queue.stats().processing == 1, "the finished jobs' acks")
@@ -783,9 +785,7 @@ class WorkerTests(WorkerFixtures):
         the prefetch window (A releases them), while A's job still runs."""
         app = worker_apps(clock=worker_clock)
         queue = app.queue(QUEUE)
-        for i in range(30):
-            app.tasks["record"].enqueue(worker_log_dir, f"r{i}")
-        gates = [app.tasks["gated"].enqueue(worker_log_dir, f"g{i}") for i in range(3)]
+        gates, _ = behind_a_gate(app, worker_log_dir, 30, [f"g{i}" for i in range(3)], [])
         budget = job_of(queue, gates[-1]).max_attempts
         first = RunningWorker(
             app.worker(prefetch=10, worker_id="A", poll_interval_s=0.05, handle_signals=False)
