@@ -3,7 +3,9 @@
 Open a store with :func:`open` (embedded SQLite by default, PostgreSQL by
 URL), take a :class:`Queue` with :meth:`Store.queue`, enqueue payloads and
 claim them as :class:`JobHandle` objects; or register functions as tasks on
-an :class:`App` and run them with a :class:`Worker` (``alkstore worker``).
+an :class:`App` and run them with a :class:`Worker` (``alkstore worker``),
+which hands a task registered with ``takes_context=True`` its
+:class:`JobContext`.
 :func:`open_async` gives the same contract to asyncio code
 (:class:`AsyncStore`, docs/async.md), and :class:`AsyncOutbox`,
 :class:`AsyncScheduler` and :class:`AsyncSweeper` the runtime's async forms
@@ -41,6 +43,7 @@ from alkstore.logic.codec import MAX_NESTING, MAX_PAYLOAD_BYTES, decode_payload,
 from alkstore.logic.options import QueueOpts
 from alkstore.logic.resolution import enqueue_options, resolve
 from alkstore.runtime.app import App
+from alkstore.runtime.context import JobContext
 from alkstore.runtime.outbox import Outbox
 from alkstore.runtime.outcome import Fail, Retry
 from alkstore.runtime.scheduler import Scheduler
@@ -71,6 +74,7 @@ __all__ = [
     "Fail",
     "HorizonHolder",
     "Job",
+    "JobContext",
     "JobHandle",
     "JobState",
     "Outbox",

@@ -418,6 +418,64 @@ def test_enqueue_checks_the_call_against_the_function(app: App, url: str) -> Non
     assert app.task(name="printer")(print).payload("x", sep="-")["kwargs"] == {"sep": "-"}
 
 
+# -- takes_context (docs/tasks-and-workers.md "Job context") --------------------
+
+
+def test_a_task_taking_the_context_is_enqueued_without_it(app: App) -> None:
+    """``takes_context=True``: the enqueue arguments are checked against the
+    function less its first parameter, by every enqueue path and by its
+    ``options()`` copies; a plain call stays a plain call."""
+
+    @app.task(name="ctx", takes_context=True)
+    def with_context(context: alkstore.JobContext, a: int, b: int = 0) -> int:
+        return a + b
+
+    assert with_context.takes_context
+    assert not app.task(add).takes_context
+    assert with_context.payload(1, b=2) == {"task": "ctx", "args": [1], "kwargs": {"b": 2}}
+    with pytest.raises(ValidationError, match=r"task 'ctx' cannot be called .*missing .*'a'"):
+        with_context.enqueue()
+    with pytest.raises(ValidationError, match=r"task 'ctx' cannot be called .*too many positional"):
+        with_context.enqueue(1, 2, 3)
+    with pytest.raises(ValidationError, match=r"calls\[1\]: task 'ctx' .*too many positional"):
+        with_context.enqueue_many([(1,), (1, 2, 3)])
+    later = with_context.options(priority=3)
+    assert later.takes_context
+    with pytest.raises(ValidationError, match="too many positional"):
+        later.payload(1, 2, 3)
+    assert tuple(app.queue("default").stats()) == (0, 0, 0, 0)
+    assert with_context.func("a context", 2, b=3) == 5  # type: ignore[arg-type]
+    assert with_context("a context", 2, b=3) == 5  # type: ignore[call-arg]
+
+
+def test_takes_context_needs_a_positional_first_parameter(app: App) -> None:
+    def nothing() -> None:
+        pass
+
+    def keywords_only(*, a: int) -> None:
+        pass
+
+    def any_keywords(**kwargs: object) -> None:
+        pass
+
+    for function in (nothing, keywords_only, any_keywords):
+        with pytest.raises(
+            ValidationError,
+            match=r"task 'refused' has takes_context=True, .*no positional first parameter",
+        ):
+            app.task(name="refused", takes_context=True)(function)
+    assert "refused" not in app.tasks
+    assert app.queue_names == []  # nothing registered, not even the queue
+    with pytest.raises(ValidationError, match="takes_context must be a bool, not str"):
+        app.task(name="x", takes_context="yes")  # type: ignore[call-overload]
+
+    def anything(*args: object) -> None:
+        pass
+
+    # *args takes the context and the enqueued arguments alike.
+    assert app.task(name="star", takes_context=True)(anything).payload(1, 2)["args"] == [1, 2]
+
+
 def test_a_misspelled_option_names_the_keyword(app: App) -> None:
     task = app.task(add)
     with pytest.raises(TypeError, match="unexpected keyword argument 'dealy'"):

@@ -282,6 +282,23 @@ def import_has_no_side_effects(folder: Path, module: str, tmp_path: Path) -> Non
     assert sorted(p.name for p in alone.iterdir() if p.name != "__pycache__") == [f"{module}.py"]
 
 
+def run_python(folder: Path, code: str) -> str:
+    """Run ``code`` in ``folder`` as a reader would after a page's blocks;
+    return what it printed (it must succeed)."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ALKSTORE_")}
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        cwd=folder,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
 def outputs(blocks: list[Block]) -> list[str]:
     return [block.result.stdout for block in blocks if block.result is not None]
 
@@ -297,12 +314,25 @@ def test_the_tasks_and_workers_page_runs_as_written(tmp_path: Path) -> None:
     assert [b.code.split("\n", 1)[0] for b in blocks if b.language == "python"] == [
         "# jobs.py",
         "# enqueue.py",
+        "# reports.py",
         "# ajobs.py",
         "# web.py",
         "import asyncio",
     ]
     import_has_no_side_effects(folder, "jobs", tmp_path)
     import_has_no_side_effects(folder, "ajobs", tmp_path)
+    import_has_no_side_effects(folder, "reports", tmp_path)
+    # "Job context": reports.py's task gets its job's context.
+    report = run_python(
+        folder,
+        "from reports import app, build_report\n"
+        "build_report.enqueue(7)\n"
+        "print(app.worker(handle_signals=False).run(burst=True))",
+    )
+    assert report.splitlines() == [
+        "report 7: job 1, attempt 1 of 5",
+        "WorkerCounts(succeeded=1, retried=0, dead=0, lost=0, cancelled=0, relayed=0)",
+    ]
     session, by_command, served = (b.result for b in blocks if b.result is not None)
     assert served.stdout == "fetched https://example.com/\n"
     first_id = session.stdout.splitlines()[0]
@@ -331,6 +361,21 @@ def test_the_outbox_page_runs_as_written(tmp_path: Path) -> None:
     folder.mkdir()
     blocks = run_page("outbox.md", folder)
     import_has_no_side_effects(folder, "shop", tmp_path)
+    import_has_no_side_effects(folder, "dedup", tmp_path)
+    # "Deduplicating": dedup.py's send gets each message's id.
+    relayed = run_python(
+        folder,
+        "from dedup import app, publish\n"
+        "message_id = app.queue('outbox.deduplicated').enqueue({'order': 4})\n"
+        "outbox = app.outbox('outbox.deduplicated')\n"
+        "print(message_id, outbox.relay_once(publish, worker_id='dedup', takes_context=True))",
+    )
+    published, summary = relayed.splitlines()
+    message_id = summary.split()[0]
+    assert (published, summary) == (
+        f"published {{'order': 4}} as message {message_id}",
+        f"{message_id} 1",
+    )
     assert outputs(blocks) == [
         "",  # the order and its message
         "published {'event': 'order.created', 'order': 1}\n1 delivered\n",

@@ -411,9 +411,11 @@ class FakeHandle:
         self.queue = "q"
         self._answers = answers
         self.beats = 0
+        self.extends: list[float | None] = []
 
-    def heartbeat(self) -> bool:
+    def heartbeat(self, extend: float | None = None) -> bool:
         self.beats += 1
+        self.extends.append(extend)
         answer = self._answers.pop(0) if self._answers else True
         if isinstance(answer, BaseException):
             raise answer
@@ -466,6 +468,33 @@ def test_a_refused_heartbeat_marks_the_job_lost_and_stops(
     clock.now += 10
     beater.beat_due()
     assert handle.beats == 1
+
+
+def test_a_handlers_longer_heartbeat_delays_the_workers_next_beat() -> None:
+    """A beat through the lease (``JobContext.heartbeat``) records the
+    deadline it set; the worker's next beat comes once the claim has no
+    more left than a regular beat gives it, never sooner (it would shorten
+    the claim), and a refused one marks the lease lost at once."""
+    clock = FakeClock()
+    beater = Heartbeater("hb", monotonic=clock)
+    handle = FakeHandle(30, [])
+    lease = beater.add(handle)  # type: ignore[arg-type]
+    clock.now += 5
+    assert lease.renew(120)
+    assert handle.extends == [120]
+    assert (lease.ends, lease.next_at) == (105 + 120, 105 + 10 + 90)
+    assert beater.beat_due() == pytest.approx(100)
+    clock.now = 205
+    beater.beat_due()
+    assert handle.extends == [120, None]
+    assert (lease.ends, lease.next_at) == (205 + 30, 205 + 10)
+    handle._answers.append(False)
+    assert not lease.renew()
+    assert (lease.lost, lease.cancelled) == (True, False)
+    assert not lease.renew()  # lost: the store is not asked again
+    assert handle.beats == 3
+    with pytest.raises(ValidationError, match="extend"):
+        lease.renew(-1)
 
 
 def test_a_failing_heartbeat_is_tried_again_soon() -> None:

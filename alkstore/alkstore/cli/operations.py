@@ -1,4 +1,5 @@
-"""``pause``, ``resume`` and ``dead list|requeue|purge`` (docs/operations.md)."""
+"""``pause``, ``resume``, ``cancel`` and ``dead list|requeue|purge``
+(docs/operations.md, docs/command.md)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,15 @@ from collections.abc import Iterator
 
 import click
 
-from alkstore.cli.context import Context, check_queue_name, fail
+from alkstore.cli.context import (
+    Context,
+    check_queue_name,
+    check_queue_names,
+    fail,
+    queues_of,
+)
 from alkstore.cli.group import cli
-from alkstore.cli.options import APP_STORE, JOB_ID, SECONDS
+from alkstore.cli.options import APP_ENV, APP_STORE, JOB_ID, SECONDS
 from alkstore.cli.render import job_fields, table, when
 from alkstore.contract.queue import Queue
 from alkstore.contract.vacuum import VacuumReporting
@@ -42,6 +49,35 @@ def resume(ctx: Context, *, queue_name: str, app_spec: str | None) -> None:
         ctx.warn_unknown_queues(store, [queue_name])
         changed = store.queue(queue_name).resume()
     click.echo(f"queue {queue_name} resumed" if changed else f"queue {queue_name} was not paused")
+
+
+@cli.command()
+@click.argument("job_id", metavar="ID", type=JOB_ID)
+@click.option("-q", "--queue", "queues", multiple=True, metavar="QUEUE", help="Where to look.")
+@click.option("--app", "app_spec", envvar=APP_ENV, metavar="MODULE:APP", help="Its queues.")
+@click.pass_obj
+def cancel(ctx: Context, *, job_id: int, queues: tuple[str, ...], app_spec: str | None) -> None:
+    """Delete the live (pending or processing) job ID: it never runs, or,
+    running, its outcome is not recorded (its handler runs on, and sees
+    context.cancelled once its worker's next heartbeat is refused).
+
+    The job is looked for in each queue named by --queue and --app, in
+    order; with neither, in every queue of the store. Exits 1 when no such
+    live job is found (a dead job is not cancelled: see dead purge).
+    """
+    check_queue_names(ctx, queues)
+    with ctx.errors():
+        stack, handles = queues_of(ctx, queues, app_spec, migrate=False)
+        with stack:
+            found = next(((q, j) for q in handles if (j := q.get_job(job_id)) is not None), None)
+            cancelled = found is not None and found[1].state != "dead" and found[0].cancel(job_id)
+    if found is not None and cancelled:
+        click.echo(f"cancelled job {job_id} of {found[0].name!r}")
+        return
+    if found is not None and found[1].state == "dead":
+        fail(f"no live job {job_id}: it is a dead job of {found[0].name!r}")
+    names = ", ".join(q.name for q in handles)
+    fail(f"no live job {job_id} in queue(s) {names}" if names else f"no live job {job_id}")
 
 
 #: The most characters of ``last_error`` that ``dead list`` shows.

@@ -15,7 +15,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar, cast, overload
 
 from alkstore._off_loop import on_thread
 from alkstore.contract.registry import DEFAULT_URL, URL_ENV
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from alkstore.contract.queue_async import AsyncQueue
     from alkstore.contract.store_async import AsyncStore
     from alkstore.contract.threaded import ThreadedAsyncStore
+    from alkstore.runtime.context import JobContext
     from alkstore.runtime.outbox_async import AsyncOutbox
     from alkstore.runtime.worker import Worker
 
@@ -136,6 +137,8 @@ class App:
         # in _relay_opts, apart from the task queues a worker claims from.
         self._relays: dict[str, Send] = {}
         self._relay_opts: dict[str, QueueOpts] = {}
+        # The outbox queues whose send takes a JobContext first.
+        self._relay_contexts: set[str] = set()
         # The async store (astore()), the opening under way, the loop a
         # native one belongs to (None: the thread adapter over the app's
         # store, which any loop may use), and its queue handles.
@@ -500,16 +503,31 @@ class App:
     def task(self, func: Callable[P, R], /) -> Task[P, R]: ...
     @overload
     def task(
-        self, *, queue: str = DEFAULT_QUEUE, name: str | None = None, **queue_opts: Any
+        self,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        name: str | None = None,
+        takes_context: Literal[False] = False,
+        **queue_opts: Any,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+    @overload
+    def task(
+        self,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        name: str | None = None,
+        takes_context: Literal[True],
+        **queue_opts: Any,
+    ) -> Callable[[Callable[Concatenate[JobContext, P], R]], Task[P, R]]: ...
     def task(
         self,
         __func: Callable[P, R] | None = None,
         *,
         queue: str = DEFAULT_QUEUE,
         name: str | None = None,
+        takes_context: bool = False,
         **queue_opts: Any,
-    ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
+    ) -> Task[P, R] | Callable[[Callable[..., R]], Task[P, R]]:
         """Register a function as a task: ``@app.task`` or
         ``@app.task(queue="emails", max_attempts=3)``.
 
@@ -521,6 +539,13 @@ class App:
             The name stored in payloads; default ``module.qualname``
             (:func:`default_task_name`). Name tasks explicitly when their
             module may move: a worker finds the function by this name.
+        takes_context
+            Pass the job's :class:`~alkstore.JobContext` as the function's
+            first positional argument, before the enqueued ones (Django's
+            Tasks convention; docs/tasks-and-workers.md "Job context").
+            ``enqueue`` and its twins then take the arguments without it.
+            The :class:`Task` is typed by those (the enqueue arguments), so
+            a type checker wants a plain call as ``task.func(context, ...)``.
         **queue_opts
             :class:`QueueOpts` fields for the queue (``visibility_timeout_s``,
             ``max_attempts``, ``backoff_base_s`` ...), stamped on every job
@@ -539,18 +564,28 @@ class App:
             or a generator or async generator function, whose call runs
             none of its body (:func:`~alkstore.logic.callbacks.handler_kind`).
             A coroutine function (``async def``) is an async task: a worker
-            awaits it on its event loop (docs/tasks-and-workers.md).
+            awaits it on its event loop (docs/tasks-and-workers.md). With
+            ``takes_context``, a function without a positional first
+            parameter; a ``takes_context`` that is not a bool.
         """
         v.queue_name(queue)
         opts = self._check_queue_opts(queue_opts) if queue_opts else None
+        if not isinstance(takes_context, bool):
+            raise ValidationError(
+                f"takes_context must be a bool, not {type(takes_context).__name__}"
+            )
 
-        def register(function: Callable[P, R]) -> Task[P, R]:
+        def register(function: Callable[..., R]) -> Task[P, R]:
             if not callable(function):
                 raise ValidationError(f"a task must be callable, not {type(function).__name__}")
             handler_kind(function, "a task")
             task_name = default_task_name(function) if name is None else name
             if not isinstance(task_name, str) or not task_name:
                 raise ValidationError("a task name must be a non-empty str")
+            # Made first: its checks (the context's parameter) change nothing.
+            created: Task[P, R] = Task(
+                self, function, task_name, queue, takes_context=takes_context
+            )
             with self._lock:
                 if task_name in self._tasks:
                     raise ValidationError(f"a task named {task_name!r} is already registered")
@@ -568,7 +603,6 @@ class App:
                     self._queue_opts[queue] = opts if opts is not None else known
                     self._queues.pop(queue, None)
                     self._aqueues.pop(queue, None)
-                created: Task[P, R] = Task(self, function, task_name, queue)
                 self._tasks[task_name] = created
                 return created
 
@@ -595,7 +629,9 @@ class App:
         """
         return Outbox(self.queue(queue))
 
-    def relay(self, queue: str, **queue_opts: Any) -> Callable[[Send], Send]:
+    def relay(
+        self, queue: str, *, takes_context: bool = False, **queue_opts: Any
+    ) -> Callable[[Send], Send]:
         """Register ``send`` as the relay of the outbox ``queue``: workers
         of this app run it on a thread of their own (``Worker(relays=True)``).
 
@@ -608,6 +644,10 @@ class App:
         ----------
         queue
             The outbox's queue; it may hold no tasks.
+        takes_context
+            Call ``send(context, message)``, ``context`` being the message's
+            :class:`~alkstore.JobContext` (``context.job.id`` is a key the
+            receiver can deduplicate by; docs/outbox.md "Deduplicating").
         **queue_opts
             :class:`QueueOpts` fields for the outbox queue (visibility
             timeout, ``max_attempts``, backoff).
@@ -622,11 +662,16 @@ class App:
         ValidationError
             For a bad queue name or option, a queue that already has a relay
             or tasks, or a ``send`` that is not callable or is a generator or
-            async generator function. A coroutine function (``async def``)
-            is awaited on the worker's event loop (docs/outbox.md).
+            async generator function, or a ``takes_context`` that is not a
+            bool. A coroutine function (``async def``) is awaited on the
+            worker's event loop (docs/outbox.md).
         """
         v.queue_name(queue)
         opts = self._check_queue_opts(queue_opts)
+        if not isinstance(takes_context, bool):
+            raise ValidationError(
+                f"takes_context must be a bool, not {type(takes_context).__name__}"
+            )
 
         def register(send: Send) -> Send:
             if not callable(send):
@@ -641,11 +686,18 @@ class App:
                     )
                 self._relays[queue] = send
                 self._relay_opts[queue] = opts
+                if takes_context:
+                    self._relay_contexts.add(queue)
                 self._queues.pop(queue, None)
                 self._aqueues.pop(queue, None)
             return send
 
         return register
+
+    def _relay_takes_context(self, queue: str) -> bool:
+        """Whether the relay of the outbox ``queue`` takes a :class:`JobContext`."""
+        with self._lock:
+            return queue in self._relay_contexts
 
     @staticmethod
     def _check_queue_opts(queue_opts: Mapping[str, Any]) -> QueueOpts:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from alkstore._acompat import Condition, Lock, Spawned, join, spawn
 from alkstore.contract.handle import JobHandle
 from alkstore.errors import EngineError, StoreClosedError
-from alkstore.runtime.lease import Lease, gone_while_held, store_now
+from alkstore.runtime.lease import Lease
 
 __all__ = ["HEARTBEAT_FRACTION", "Heartbeater"]
 
@@ -88,7 +88,13 @@ class Heartbeater:
         now = self._monotonic()
         interval = handle.visibility_timeout_s * HEARTBEAT_FRACTION
         start = now if claimed is None else claimed
-        beat = Lease(handle, interval, now + interval, start + handle.visibility_timeout_s)
+        beat = Lease(
+            handle,
+            interval,
+            now + interval,
+            start + handle.visibility_timeout_s,
+            monotonic=self._monotonic,
+        )
         with self._cond:
             self._beats.add(beat)
             if beat.next_at < self._wake_at:
@@ -115,10 +121,8 @@ class Heartbeater:
         with self._cond:
             due = [beat for beat in self._beats if beat.next_at <= now and not beat.lost]
         for beat in due:
-            sent = self._monotonic()
-            sent_at = store_now(beat.handle)
             try:
-                took = beat.handle.heartbeat()
+                beat.renew()
             except StoreClosedError:
                 raise
             except Exception as error:
@@ -135,27 +139,6 @@ class Heartbeater:
                     and self._on_permanent is not None
                 ):
                     self._on_permanent(error)
-                continue
-            if took:
-                beat.renewed(sent, sent_at)
-                beat.next_at = now + beat.interval_s
-            elif not beat.done:
-                beat.cancelled = gone_while_held(beat, sent)
-                beat.lost = True
-                if beat.cancelled:
-                    log.info(
-                        "job %s of %r was cancelled while running; its handler runs on, "
-                        "and its outcome will not be recorded",
-                        beat.handle.id,
-                        beat.handle.queue,
-                    )
-                else:
-                    log.warning(
-                        "job %s of %r lost its claim while running (it lapsed and may "
-                        "have been reclaimed); another worker may run it again",
-                        beat.handle.id,
-                        beat.handle.queue,
-                    )
         with self._cond:
             pending = [beat.next_at for beat in self._beats if not beat.lost]
         return max(0.0, min(pending) - self._monotonic()) if pending else math.inf

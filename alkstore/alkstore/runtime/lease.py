@@ -27,10 +27,11 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-from alkstore._acompat import Event, sleep, wait_event
+from alkstore._acompat import Event, Lock, sleep, wait_event
 from alkstore.contract.handle import JobHandle
 from alkstore.contract.job import MAX_ATTEMPTS_EXCEEDED
 from alkstore.errors import EngineError
+from alkstore.logic import validation as v
 
 __all__ = ["Lease", "gone_while_held", "retry_or_bury", "store_now", "write_while_held"]
 
@@ -70,11 +71,33 @@ class Lease:
     done
         Set once the job's outcome is being written: a refused heartbeat is
         then the write's doing, not a lost claim.
+
+    Every heartbeat of the claim goes through :meth:`renew`, the
+    heartbeater's and a handler's own (``JobContext.heartbeat``), one at a
+    time, so that what the lease records is what the store last set.
     """
 
-    __slots__ = ("cancelled", "done", "ends", "ends_at", "handle", "interval_s", "lost", "next_at")
+    __slots__ = (
+        "_lock",
+        "_monotonic",
+        "cancelled",
+        "done",
+        "ends",
+        "ends_at",
+        "handle",
+        "interval_s",
+        "lost",
+        "next_at",
+    )
 
-    def __init__(self, handle: JobHandle, interval_s: float, next_at: float, ends: float) -> None:
+    def __init__(
+        self,
+        handle: JobHandle,
+        interval_s: float,
+        next_at: float,
+        ends: float,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.handle = handle
         self.interval_s = interval_s
         self.next_at = next_at
@@ -83,14 +106,81 @@ class Lease:
         self.lost = False
         self.cancelled = False
         self.done = False
+        self._monotonic = monotonic
+        self._lock = Lock()
 
-    def renewed(self, sent: float, sent_at: datetime | None) -> None:
+    def renewed(self, sent: float, sent_at: datetime | None, extend_s: float) -> None:
         """A heartbeat sent at monotonic ``sent`` (store time ``sent_at``,
-        ``None`` if unknown) took effect."""
-        extend_s = self.handle.visibility_timeout_s
+        ``None`` if unknown) set the deadline ``extend_s`` seconds on. The
+        next beat is due one interval later, or, after an extension longer
+        than the visibility timeout, once the claim has no more left than an
+        interval's beat would give it: a beat never shortens a claim."""
         self.ends = sent + extend_s
         if sent_at is not None:
             self.ends_at = sent_at + timedelta(seconds=extend_s)
+        visibility_s = self.handle.visibility_timeout_s
+        self.next_at = sent + self.interval_s + max(0.0, extend_s - visibility_s)
+
+    def renew(self, extend: object = None) -> bool:
+        """Heartbeat the claim now (``JobHandle.heartbeat``) and record what
+        came of it: a beat that took effect moves :attr:`ends`,
+        :attr:`ends_at` and :attr:`next_at` (:meth:`renewed`); one refused
+        while the job is held (not :attr:`done`) sets :attr:`lost`, and
+        :attr:`cancelled` when the job is gone while its claim still held
+        (:func:`gone_while_held`), each logged once. A lease already lost
+        is refused without asking the store.
+
+        Parameters
+        ----------
+        extend
+            Seconds or ``timedelta``, ``> 0``: the deadline becomes now plus
+            this; default (``None``) the row's visibility timeout.
+
+        Returns
+        -------
+        bool
+            Whether the beat took effect.
+
+        Raises
+        ------
+        ValidationError
+            For an ``extend`` that is not a positive duration (before any
+            I/O).
+        StoreClosedError, EngineError
+            As ``JobHandle.heartbeat``; nothing is recorded then.
+        """
+        extend_s = (
+            self.handle.visibility_timeout_s
+            if extend is None
+            else v.duration_s(extend, "extend", positive=True)
+        )
+        with self._lock:
+            if self.lost:
+                return False
+            sent = self._monotonic()
+            sent_at = store_now(self.handle)
+            heartbeat = self.handle.heartbeat
+            took = heartbeat() if extend is None else heartbeat(extend_s)
+            if took:
+                self.renewed(sent, sent_at, extend_s)
+            elif not self.done:
+                self.cancelled = gone_while_held(self, sent)
+                self.lost = True
+                if self.cancelled:
+                    log.info(
+                        "job %s of %r was cancelled while running; its handler runs on, "
+                        "and its outcome will not be recorded",
+                        self.handle.id,
+                        self.handle.queue,
+                    )
+                else:
+                    log.warning(
+                        "job %s of %r lost its claim while running (it lapsed and may "
+                        "have been reclaimed); another worker may run it again",
+                        self.handle.id,
+                        self.handle.queue,
+                    )
+            return took
 
     def held_at(self, now: float) -> bool:
         """Whether the claim's deadline, as last known, is still ahead at

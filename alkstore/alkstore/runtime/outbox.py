@@ -14,6 +14,7 @@ from alkstore._acompat import Event, wait_event
 from alkstore.errors import EngineError, ValidationError
 from alkstore.logic import validation as v
 from alkstore.runtime._caller import caller
+from alkstore.runtime.context import JobContext
 from alkstore.runtime.heartbeat import Heartbeater
 from alkstore.runtime.lease import Lease, retry_or_bury, write_while_held
 from alkstore.runtime.outcome import describe_exception
@@ -34,10 +35,13 @@ _STOP_SLICE_S = 0.1
 
 #: Delivers one message; returning means delivered, raising means retry. A
 #: plain function or a coroutine function (``async def``), whose coroutine
-#: is awaited (docs/outbox.md).
-Send = Callable[[Any], object]
-#: A relay's call of ``send`` on one message (:func:`~alkstore.runtime._caller.caller`).
-_Deliver = Callable[[Any], object]
+#: is awaited (docs/outbox.md). Called with the message, or, relayed with
+#: ``takes_context=True``, with its :class:`~alkstore.JobContext` and the
+#: message (docs/outbox.md "Deduplicating").
+Send = Callable[..., object]
+#: A relay's call of ``send`` on one message, or on its context and the
+#: message (:func:`~alkstore.runtime._caller.caller`).
+_Deliver = Callable[..., object]
 
 
 class Outbox:
@@ -51,8 +55,11 @@ class Outbox:
     acked once ``send`` returns, and retried with the queue's backoff when it
     raises. Delivery is at least once: a relay that dies between ``send``
     and the ack, or a claim that lapses, sends the message again, so
-    ``send`` must be idempotent or the receiver must deduplicate (the job id
-    is a stable key: see ``JobHandle.job.id``).
+    ``send`` must be idempotent or the receiver must deduplicate: relayed
+    with ``takes_context=True``, ``send(context, message)`` gets the
+    message's :class:`~alkstore.JobContext`, whose ``context.job.id`` is a
+    stable key (unique in the store, never reused; docs/outbox.md
+    "Deduplicating").
 
     ``send`` may be a plain function or a coroutine function (``async
     def``). Relayed from async code, a coroutine function's coroutine is
@@ -117,7 +124,12 @@ class Outbox:
         return self._queue.enqueue_tx(conn, message, **options)
 
     def relay_once(
-        self, send: Send, *, worker_id: str, batch_size: int = DEFAULT_RELAY_BATCH
+        self,
+        send: Send,
+        *,
+        worker_id: str,
+        batch_size: int = DEFAULT_RELAY_BATCH,
+        takes_context: bool = False,
     ) -> int:
         """Claim up to ``batch_size`` messages and ``send`` each in claim order.
 
@@ -151,6 +163,12 @@ class Outbox:
             Recorded on the claims (1 to 255 characters).
         batch_size
             ``1 .. 10000``.
+        takes_context
+            Call ``send(context, message)`` instead, ``context`` being the
+            message's :class:`~alkstore.JobContext` (its ``job.id``, its
+            claim's heartbeat; docs/outbox.md "Deduplicating"): a plain
+            ``send`` calls ``context.heartbeat()``, an ``async def`` one
+            awaits ``context.aheartbeat()``.
 
         Returns
         -------
@@ -167,8 +185,12 @@ class Outbox:
             batch_size = v.int_in_range(batch_size, "batch_size", 1, 10_000)
             if not callable(send):
                 raise ValidationError("send must be callable")
+            _check_takes_context(takes_context)
             with caller(send, "send") as deliver:
-                return self._relay_batch(deliver, worker_id, batch_size, heartbeater)[1]
+                relayed = self._relay_batch(
+                    deliver, worker_id, batch_size, heartbeater, takes_context
+                )
+                return relayed[1]
         finally:
             heartbeater.stop()
 
@@ -178,7 +200,12 @@ class Outbox:
         return heartbeater
 
     def _relay_batch(
-        self, deliver: _Deliver, worker_id: str, batch_size: int, heartbeater: Heartbeater
+        self,
+        deliver: _Deliver,
+        worker_id: str,
+        batch_size: int,
+        heartbeater: Heartbeater,
+        takes_context: bool,
     ) -> tuple[int, int]:
         """Relay one batch; return (claimed, delivered)."""
         claimed = time.monotonic()
@@ -189,7 +216,7 @@ class Outbox:
         done: list[Lease] = []
         try:
             for lease in leases:
-                if self._send(deliver, lease, heartbeater):
+                if self._send(deliver, lease, heartbeater, takes_context):
                     done.append(lease)
         finally:
             try:
@@ -199,10 +226,19 @@ class Outbox:
                     heartbeater.remove(lease)
         return len(handles), len(done)
 
-    def _send(self, deliver: _Deliver, lease: Lease, heartbeater: Heartbeater) -> bool:
+    def _send(
+        self,
+        deliver: _Deliver,
+        lease: Lease,
+        heartbeater: Heartbeater,
+        takes_context: bool,
+    ) -> bool:
         handle = lease.handle
         try:
-            deliver(handle.job.payload)
+            if takes_context:
+                deliver(JobContext(lease), handle.job.payload)
+            else:
+                deliver(handle.job.payload)
         except Exception as exc:
             lease.done = True  # a heartbeat refused from now on is the retry's doing
             error = describe_exception(exc)
@@ -259,13 +295,14 @@ class Outbox:
         batch_size: int = DEFAULT_RELAY_BATCH,
         stop: Event | None = None,
         poll_interval_s: object = DEFAULT_RELAY_POLL_S,
+        takes_context: bool = False,
     ) -> int:
         """Relay until ``stop`` is set: :meth:`relay_once` while messages are
         ready, then wait for a wake (``Store.listen``) or ``poll_interval_s``.
 
         Parameters
         ----------
-        send, worker_id, batch_size
+        send, worker_id, batch_size, takes_context
             As :meth:`relay_once`.
         stop
             Set it (a threading.Event) to return after the current batch.
@@ -292,6 +329,7 @@ class Outbox:
         batch_size = v.int_in_range(batch_size, "batch_size", 1, 10_000)
         if not callable(send):
             raise ValidationError("send must be callable")
+        _check_takes_context(takes_context)
         if stop is None:
             stop = Event()
         elif not isinstance(stop, Event):
@@ -306,7 +344,7 @@ class Outbox:
                 while not stop.is_set():
                     try:
                         claimed, sent = self._relay_batch(
-                            deliver, worker_id, batch_size, heartbeater
+                            deliver, worker_id, batch_size, heartbeater, takes_context
                         )
                     except ValidationError:
                         raise
@@ -330,3 +368,8 @@ class Outbox:
         finally:
             heartbeater.stop()
         return total
+
+
+def _check_takes_context(takes_context: object) -> None:
+    if not isinstance(takes_context, bool):
+        raise ValidationError(f"takes_context must be a bool, not {type(takes_context).__name__}")

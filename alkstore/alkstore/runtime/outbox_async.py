@@ -12,6 +12,7 @@ from alkstore._acompat_async import AEvent, await_event
 from alkstore.errors import EngineError, ValidationError
 from alkstore.logic import validation as v
 from alkstore.runtime._caller_async import acaller
+from alkstore.runtime.context import JobContext
 from alkstore.runtime.heartbeat_async import AsyncHeartbeater
 from alkstore.runtime.lease_async import AsyncLease, retry_or_bury, write_while_held
 from alkstore.runtime.outcome import describe_exception
@@ -32,10 +33,13 @@ _STOP_SLICE_S = 0.1
 
 #: Delivers one message; returning means delivered, raising means retry. A
 #: plain function or a coroutine function (``async def``), whose coroutine
-#: is awaited (docs/outbox.md).
-Send = Callable[[Any], object]
-#: A relay's call of ``send`` on one message (:func:`~alkstore.runtime._caller_async.acaller`).
-_Deliver = Callable[[Any], Awaitable[object]]
+#: is awaited (docs/outbox.md). Called with the message, or, relayed with
+#: ``takes_context=True``, with its :class:`~alkstore.JobContext` and the
+#: message (docs/outbox.md "Deduplicating").
+Send = Callable[..., object]
+#: A relay's call of ``send`` on one message, or on its context and the
+#: message (:func:`~alkstore.runtime._caller_async.acaller`).
+_Deliver = Callable[..., Awaitable[object]]
 
 
 class AsyncOutbox:
@@ -49,8 +53,11 @@ class AsyncOutbox:
     acked once ``send`` returns, and retried with the queue's backoff when it
     raises. Delivery is at least once: a relay that dies between ``send``
     and the ack, or a claim that lapses, sends the message again, so
-    ``send`` must be idempotent or the receiver must deduplicate (the job id
-    is a stable key: see ``AsyncJobHandle.job.id``).
+    ``send`` must be idempotent or the receiver must deduplicate: relayed
+    with ``takes_context=True``, ``send(context, message)`` gets the
+    message's :class:`~alkstore.JobContext`, whose ``context.job.id`` is a
+    stable key (unique in the store, never reused; docs/outbox.md
+    "Deduplicating").
 
     ``send`` may be a plain function or a coroutine function (``async
     def``). Relayed from async code, a coroutine function's coroutine is
@@ -115,7 +122,12 @@ class AsyncOutbox:
         return await self._queue.enqueue_tx(conn, message, **options)
 
     async def relay_once(
-        self, send: Send, *, worker_id: str, batch_size: int = DEFAULT_RELAY_BATCH
+        self,
+        send: Send,
+        *,
+        worker_id: str,
+        batch_size: int = DEFAULT_RELAY_BATCH,
+        takes_context: bool = False,
     ) -> int:
         """Claim up to ``batch_size`` messages and ``send`` each in claim order.
 
@@ -149,6 +161,12 @@ class AsyncOutbox:
             Recorded on the claims (1 to 255 characters).
         batch_size
             ``1 .. 10000``.
+        takes_context
+            Call ``send(context, message)`` instead, ``context`` being the
+            message's :class:`~alkstore.JobContext` (its ``job.id``, its
+            claim's heartbeat; docs/outbox.md "Deduplicating"): a plain
+            ``send`` calls ``context.heartbeat()``, an ``async def`` one
+            awaits ``context.aheartbeat()``.
 
         Returns
         -------
@@ -165,8 +183,12 @@ class AsyncOutbox:
             batch_size = v.int_in_range(batch_size, "batch_size", 1, 10_000)
             if not callable(send):
                 raise ValidationError("send must be callable")
+            _check_takes_context(takes_context)
             async with acaller(send, "send") as deliver:
-                return (await self._relay_batch(deliver, worker_id, batch_size, heartbeater))[1]
+                relayed = await self._relay_batch(
+                    deliver, worker_id, batch_size, heartbeater, takes_context
+                )
+                return relayed[1]
         finally:
             await heartbeater.stop()
 
@@ -176,7 +198,12 @@ class AsyncOutbox:
         return heartbeater
 
     async def _relay_batch(
-        self, deliver: _Deliver, worker_id: str, batch_size: int, heartbeater: AsyncHeartbeater
+        self,
+        deliver: _Deliver,
+        worker_id: str,
+        batch_size: int,
+        heartbeater: AsyncHeartbeater,
+        takes_context: bool,
     ) -> tuple[int, int]:
         """Relay one batch; return (claimed, delivered)."""
         claimed = time.monotonic()
@@ -187,7 +214,7 @@ class AsyncOutbox:
         done: list[AsyncLease] = []
         try:
             for lease in leases:
-                if await self._send(deliver, lease, heartbeater):
+                if await self._send(deliver, lease, heartbeater, takes_context):
                     done.append(lease)
         finally:
             try:
@@ -198,11 +225,18 @@ class AsyncOutbox:
         return len(handles), len(done)
 
     async def _send(
-        self, deliver: _Deliver, lease: AsyncLease, heartbeater: AsyncHeartbeater
+        self,
+        deliver: _Deliver,
+        lease: AsyncLease,
+        heartbeater: AsyncHeartbeater,
+        takes_context: bool,
     ) -> bool:
         handle = lease.handle
         try:
-            await deliver(handle.job.payload)
+            if takes_context:
+                await deliver(JobContext(lease), handle.job.payload)
+            else:
+                await deliver(handle.job.payload)
         except Exception as exc:
             lease.done = True  # a heartbeat refused from now on is the retry's doing
             error = describe_exception(exc)
@@ -259,13 +293,14 @@ class AsyncOutbox:
         batch_size: int = DEFAULT_RELAY_BATCH,
         stop: AEvent | None = None,
         poll_interval_s: object = DEFAULT_RELAY_POLL_S,
+        takes_context: bool = False,
     ) -> int:
         """Relay until ``stop`` is set: :meth:`relay_once` while messages are
         ready, then wait for a wake (``AsyncStore.listen``) or ``poll_interval_s``.
 
         Parameters
         ----------
-        send, worker_id, batch_size
+        send, worker_id, batch_size, takes_context
             As :meth:`relay_once`.
         stop
             Set it (an asyncio.Event) to return after the current batch.
@@ -292,6 +327,7 @@ class AsyncOutbox:
         batch_size = v.int_in_range(batch_size, "batch_size", 1, 10_000)
         if not callable(send):
             raise ValidationError("send must be callable")
+        _check_takes_context(takes_context)
         if stop is None:
             stop = AEvent()
         elif not isinstance(stop, AEvent):
@@ -306,7 +342,7 @@ class AsyncOutbox:
                 while not stop.is_set():
                     try:
                         claimed, sent = await self._relay_batch(
-                            deliver, worker_id, batch_size, heartbeater
+                            deliver, worker_id, batch_size, heartbeater, takes_context
                         )
                     except ValidationError:
                         raise
@@ -330,3 +366,8 @@ class AsyncOutbox:
         finally:
             await heartbeater.stop()
         return total
+
+
+def _check_takes_context(takes_context: object) -> None:
+    if not isinstance(takes_context, bool):
+        raise ValidationError(f"takes_context must be a bool, not {type(takes_context).__name__}")

@@ -123,6 +123,29 @@ def default_task_name(func: Callable[..., Any]) -> str:
     return f"{module}.{qualname}"
 
 
+def _less_context(signature: inspect.Signature, name: str, func: object) -> inspect.Signature:
+    """The signature enqueueing checks a ``takes_context`` task's arguments
+    against: the function's less its first parameter, which takes the
+    context (a ``*args`` first takes it and the rest alike).
+
+    Raises
+    ------
+    ValidationError
+        If the function has no positional first parameter.
+    """
+    parameters = list(signature.parameters.values())
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if parameters and parameters[0].kind is inspect.Parameter.VAR_POSITIONAL:
+        return signature
+    if not parameters or parameters[0].kind not in positional:
+        raise ValidationError(
+            f"task {name!r} has takes_context=True, so a worker passes the job context as "
+            f"its first positional argument, but its function {signature} has no positional "
+            "first parameter to take it (add one: def task(context, ...))"
+        )
+    return signature.replace(parameters=parameters[1:])
+
+
 class Task(Generic[P, R]):
     """A function registered with :meth:`App.task` (docs/tasks-and-workers.md).
 
@@ -149,12 +172,20 @@ class Task(Generic[P, R]):
         ``functools.partial`` of one, an object whose ``__call__`` is one):
         a worker awaits its jobs on its event loop instead of calling them
         on a thread (docs/tasks-and-workers.md "Async tasks").
+    takes_context
+        Whether a worker passes the job's :class:`~alkstore.JobContext` to
+        ``func`` as its first positional argument, before the enqueued
+        ones (docs/tasks-and-workers.md "Job context"). Enqueueing then
+        takes the arguments without it, checked against the function's
+        signature less its first parameter.
 
     Raises
     ------
     ValidationError
         For a generator or async generator function
-        (:func:`~alkstore.logic.callbacks.handler_kind`).
+        (:func:`~alkstore.logic.callbacks.handler_kind`); with
+        ``takes_context``, for a function that has no positional first
+        parameter to take the context.
     """
 
     def __init__(
@@ -164,17 +195,26 @@ class Task(Generic[P, R]):
         name: str,
         queue: str,
         enqueue_opts: Mapping[str, object] | None = None,
+        *,
+        takes_context: bool = False,
     ) -> None:
+        if not isinstance(takes_context, bool):
+            raise ValidationError(
+                f"takes_context must be a bool, not {type(takes_context).__name__}"
+            )
         self.app = app
         self.func = func
         self.name = name
         self.queue = queue
         self.is_async = handler_kind(func, "a task") == "async"
+        self.takes_context = takes_context
         self._enqueue_opts: dict[str, object] = dict(enqueue_opts or {})
         try:
             self._signature: inspect.Signature | None = inspect.signature(func)
         except (TypeError, ValueError):  # some builtins have none: calls go unchecked
             self._signature = None
+        if takes_context and self._signature is not None:
+            self._signature = _less_context(self._signature, name, func)
         functools.update_wrapper(self, func)
 
     def __repr__(self) -> str:
@@ -183,7 +223,9 @@ class Task(Generic[P, R]):
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run the function now, in this process (no job is stored); for an
-        async task, this returns the coroutine to await."""
+        async task, this returns the coroutine to await. A plain call: for a
+        ``takes_context`` task, pass a context first yourself (typed by the
+        enqueue arguments, a type checker wants ``task.func(context, ...)``)."""
         return self.func(*args, **kwargs)
 
     @property
@@ -238,7 +280,9 @@ class Task(Generic[P, R]):
         }
         merged = {**self._enqueue_opts, **{k: v for k, v in given.items() if v is not None}}
         enqueue_options(**merged)
-        return Task(self.app, self.func, self.name, self.queue, merged)
+        return Task(
+            self.app, self.func, self.name, self.queue, merged, takes_context=self.takes_context
+        )
 
     def check_call(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Check that ``func(*args, **kwargs)`` matches the function's

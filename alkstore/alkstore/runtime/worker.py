@@ -59,6 +59,7 @@ from alkstore.logic import validation as v
 from alkstore.logic.callbacks import NotRunError, call_async, call_sync, handler_kind
 from alkstore.runtime._caller import coroutines_on
 from alkstore.runtime.completer import Completer
+from alkstore.runtime.context import JobContext
 from alkstore.runtime.heartbeat import Heartbeater
 from alkstore.runtime.lease import Lease, gone_while_held, write_while_held
 from alkstore.runtime.outbox import Send
@@ -937,6 +938,7 @@ class Worker:
                     worker_id=self._worker_id,
                     stop=self._relay_stop,
                     poll_interval_s=self._poll_interval_s,
+                    takes_context=self._app._relay_takes_context(name),
                 )
         except StoreClosedError:
             pass
@@ -1305,11 +1307,12 @@ class Worker:
         raised: BaseException | None = None
         task, call = resolved.task, resolved.call
         if task is not None and call is not None:
+            args = _arguments(task, call, lease)
             try:
                 if task.is_async:  # registered after the claim round looked: awaited from here
-                    self._await_here(call_async(task.func, "task", call.args, call.kwargs))
+                    self._await_here(call_async(task.func, "task", args, call.kwargs))
                 else:
-                    call_sync(task.func, "task", call.args, call.kwargs)
+                    call_sync(task.func, "task", args, call.kwargs)
             except BaseException as exc:
                 raised = exc
         return self._conclude(handle, lease, resolved, raised, time.monotonic() - started)
@@ -1466,9 +1469,8 @@ class Worker:
             return
         try:
             if resolved.task is not None and resolved.call is not None:
-                await call_async(
-                    resolved.task.func, "task", resolved.call.args, resolved.call.kwargs
-                )
+                args = _arguments(resolved.task, resolved.call, job.lease)
+                await call_async(resolved.task.func, "task", args, resolved.call.kwargs)
         except asyncio.CancelledError as exc:
             if job.token not in self._abandoned:  # not the worker's: an exception like any
                 raised = exc
@@ -1845,6 +1847,12 @@ class Worker:
 
 def _nothing() -> None:
     pass
+
+
+def _arguments(task: Task[Any, Any], call: TaskCall, lease: Lease) -> list[Any]:
+    """The positional arguments of a job's call: its payload's, after the
+    job's :class:`JobContext` for a ``takes_context`` task."""
+    return [JobContext(lease), *call.args] if task.takes_context else call.args
 
 
 def _permanent(error: BaseException) -> bool:

@@ -26,7 +26,7 @@ from typing import Any, TypeVarTuple
 
 import pytest
 
-from alkstore import App, AsyncStore, Fail, Retry, ValidationError, WorkerCounts
+from alkstore import App, AsyncStore, Fail, JobContext, Retry, ValidationError, WorkerCounts
 from alkstore_contract_tests._clock import T0, ManualClock
 from alkstore_contract_tests._worker_app import QUEUE, executions
 from alkstore_contract_tests.harness import StoreTarget, resolved
@@ -338,6 +338,92 @@ class AsyncWorkerTests(WorkerFixtures):
             gate.set()
             counts = running.finish()
         assert counts == WorkerCounts(succeeded=1)
+
+    # -- the job context (docs/tasks-and-workers.md "Job context") ---------------
+
+    def test_async_worker_the_context_heartbeats_and_sees_a_cancel_at_once(
+        self, worker_apps: AppFactory, worker_clock: ManualClock
+    ) -> None:
+        """An async task with ``takes_context=True`` gets its claimed job;
+        ``await context.aheartbeat(extend)`` sets the claim's deadline to the
+        store's now plus ``extend`` without blocking the loop; after
+        ``Queue.cancel`` from another thread, ``aheartbeat()`` is refused and
+        ``context.cancelled`` is set at once; the outcome is ``cancelled``.
+        Enqueueing checks the arguments less the context."""
+        app = worker_apps(clock=worker_clock)
+        go, beaten = threading.Event(), threading.Event()
+        seen: dict[str, Any] = {}
+
+        @app.task(queue=QUEUE, name="a_ctx", takes_context=True)
+        async def a_ctx(context: JobContext, token: str) -> None:
+            seen["job"], seen["token"] = context.job, token
+            for step in ("extended", "after_cancel"):
+                assert await asyncio.to_thread(go.wait, WAIT_S)
+                go.clear()
+                beat = await context.aheartbeat(120 if step == "extended" else None)
+                seen[step] = (beat, context.cancelled, context.lost)
+                beaten.set()
+
+        queue = app.queue(QUEUE)
+        with pytest.raises(ValidationError, match=r"task 'a_ctx' cannot be called .*'token'"):
+            a_ctx.enqueue()  # type: ignore[call-arg]
+        job_id = a_ctx.enqueue("t")
+        running = RunningWorker(app.worker(poll_interval_s=0.05, handle_signals=False))
+        try:
+            wait_until(lambda: "job" in seen, "the job to start")
+            assert (seen["job"].id, seen["job"].attempts, seen["token"]) == (job_id, 1, "t")
+            worker_clock.advance(10)
+            go.set()
+            assert beaten.wait(WAIT_S)
+            beaten.clear()
+            found = queue.get_job(job_id)
+            assert found is not None
+            assert found.claim_deadline == T0 + timedelta(seconds=130)
+            assert queue.cancel(job_id)
+            go.set()
+            assert beaten.wait(WAIT_S)
+            wait_until(lambda: running.worker.counts.total, "the job to end")
+        finally:
+            go.set()
+            counts = running.finish()
+        assert seen["extended"] == (True, False, False)
+        assert seen["after_cancel"] == (False, True, False)
+        assert counts == WorkerCounts(cancelled=1)
+
+    def test_async_worker_a_coroutine_polling_the_context_sees_its_cancel(
+        self, worker_apps: AppFactory, worker_clock: ManualClock
+    ) -> None:
+        """A coroutine polling ``context.cancelled`` sees ``Queue.cancel``
+        (from another thread) within a heartbeat interval (1 s here, for a
+        3 s visibility timeout), before the claim would lapse; counted
+        ``cancelled``."""
+        app = worker_apps(clock=worker_clock)
+        started_now = threading.Event()
+        seen: list[tuple[float, bool]] = []
+
+        @app.task(queue="poll", name="a_polling", takes_context=True, visibility_timeout_s=3)
+        async def a_polling(context: JobContext) -> None:
+            started_now.set()
+            deadline = time.monotonic() + WAIT_S
+            while not context.cancelled:
+                assert time.monotonic() < deadline, "the cancel was never seen"
+                await asyncio.sleep(0.02)
+            seen.append((time.monotonic(), context.lost))
+
+        queue = app.queue("poll")
+        job_id = a_polling.enqueue()
+        running = RunningWorker(app.worker(["poll"], poll_interval_s=0.05, handle_signals=False))
+        try:
+            assert started_now.wait(WAIT_S)
+            cancelled_at = time.monotonic()
+            assert queue.cancel(job_id)
+            wait_until(lambda: running.worker.counts.total, "the coroutine to see the cancel")
+        finally:
+            counts = running.finish()
+        [(seen_at, lost)] = seen
+        assert not lost
+        assert seen_at - cancelled_at < 3.0  # before the claim would have lapsed
+        assert counts == WorkerCounts(cancelled=1)
 
     def test_async_worker_a_coroutine_past_the_grace_period_is_cancelled_and_lapses(
         self, worker_apps: AppFactory, worker_clock: ManualClock

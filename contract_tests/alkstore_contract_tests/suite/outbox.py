@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import alkstore
-from alkstore import Outbox, Queue, QueueOpts, Store, ValidationError
+from alkstore import AsyncOutbox, JobContext, Outbox, Queue, QueueOpts, Store, ValidationError
 from alkstore_contract_tests._clock import ManualClock
 from alkstore_contract_tests._fixtures import (
     ContractFixtures,
@@ -28,6 +28,7 @@ from alkstore_contract_tests.suite.concurrency import BARRIER_TIMEOUT_S
 from alkstore_contract_tests.suite.operations import _assert_closed
 from alkstore_contract_tests.suite.transactional import App
 from alkstore_contract_tests.suite.wake import WAKE_TIMEOUT_S
+from alkstore_contract_tests.suite.worker import RunningWorker, wait_until
 
 __all__ = ["OutboxTests"]
 
@@ -306,6 +307,105 @@ class OutboxTests(ContractFixtures):
         assert q.resume()
         assert outbox.relay_once(sent.append, worker_id="relay") == 1
         assert sent == ["x"]
+
+    # -- the message's context (docs/outbox.md "Deduplicating") ---------------
+
+    def test_a_send_taking_the_context_gets_the_message_id_and_its_claim(
+        self, outbox: Outbox, clock: ManualClock
+    ) -> None:
+        """``relay_once(send, takes_context=True)`` calls ``send(context,
+        message)``: ``context.job`` is the message's claim, whose ``id`` (the
+        same at every delivery attempt) a receiver can deduplicate by, and
+        ``context.heartbeat(extend)`` / ``await context.aheartbeat(extend)``
+        set its deadline to now plus ``extend``; a plain and an ``async
+        def`` send alike."""
+        q = outbox.queue
+        first, second = q.enqueue_many(["a", "b"])
+        seen: list[tuple[Any, ...]] = []
+
+        def left(context: JobContext) -> timedelta:
+            deadline = job(q, context.job.id).claim_deadline
+            assert deadline is not None
+            return deadline - clock()
+
+        def send(context: JobContext, message: Any) -> None:
+            clock.advance(1)
+            beat = context.heartbeat(60)
+            seen.append((context.job.id, context.job.attempts, message, beat, left(context)))
+            if message == "b" and context.job.attempts == 1:
+                raise ConnectionError("down")
+
+        async def asend(context: JobContext, message: Any) -> None:
+            beat = await context.aheartbeat(timedelta(seconds=90))
+            seen.append((context.job.id, context.job.attempts, message, beat, left(context)))
+
+        with pytest.raises(ValidationError, match="takes_context must be a bool, not str"):
+            outbox.relay_once(send, worker_id="relay", takes_context="yes")  # type: ignore[arg-type]
+        assert outbox.relay_once(send, worker_id="relay", takes_context=True) == 1
+        clock.advance(60)  # past b's backoff
+        assert outbox.relay_once(asend, worker_id="relay", takes_context=True) == 1
+        assert seen == [
+            (first, 1, "a", True, timedelta(seconds=60)),
+            (second, 1, "b", True, timedelta(seconds=60)),
+            (second, 2, "b", True, timedelta(seconds=90)),
+        ]
+        assert q.stats() == (0, 0, 0, 0)
+
+    def test_an_async_outbox_hands_its_send_the_context(
+        self, alkstore_target: StoreTarget, clock: ManualClock
+    ) -> None:
+        """:class:`AsyncOutbox` with ``takes_context=True``: a plain ``send``
+        (on a thread) heartbeats with ``context.heartbeat()``, an ``async
+        def`` one with ``await context.aheartbeat()``, where the blocking
+        ``heartbeat()`` is refused with ``RuntimeError``."""
+
+        async def main() -> tuple[list[int], list[tuple[Any, ...]]]:
+            async with self.open_async_store(alkstore_target, clock=clock) as astore:
+                outbox = AsyncOutbox(astore.queue("outbox"))
+                ids = await outbox.queue.enqueue_many(["a", "b"])
+                seen: list[tuple[Any, ...]] = []
+
+                def plain(context: JobContext, message: Any) -> None:
+                    seen.append((context.job.id, message, context.heartbeat(60)))
+
+                async def awaited(context: JobContext, message: Any) -> None:
+                    with pytest.raises(RuntimeError, match="aheartbeat"):
+                        context.heartbeat()
+                    seen.append((context.job.id, message, await context.aheartbeat(60)))
+
+                for send in (plain, awaited):
+                    delivered = await outbox.relay_once(
+                        send, worker_id="relay", batch_size=1, takes_context=True
+                    )
+                    assert delivered == 1
+                assert tuple(await outbox.queue.stats()) == (0, 0, 0, 0)
+                return ids, seen
+
+        ids, seen = asyncio.run(main())
+        assert seen == [(ids[0], "a", True), (ids[1], "b", True)]
+
+    def test_an_app_relay_taking_the_context_gets_it_in_a_worker(
+        self, open_store: StoreFactory
+    ) -> None:
+        """``@app.relay(queue, takes_context=True)``: the worker's relay
+        calls ``send(context, message)``."""
+        app = alkstore.App(store=open_store())
+        seen: list[tuple[int, Any]] = []
+
+        @app.relay("outbox.ctx", takes_context=True)
+        def publish(context: JobContext, message: Any) -> None:
+            seen.append((context.job.id, message))
+
+        with pytest.raises(ValidationError, match="takes_context must be a bool, not int"):
+            app.relay("outbox.other", takes_context=1)  # type: ignore[arg-type]
+        message_id = app.outbox("outbox.ctx").queue.enqueue("m")
+        running = RunningWorker(app.worker(poll_interval_s=0.05, handle_signals=False))
+        try:
+            wait_until(lambda: seen, "the relay to send")
+        finally:
+            counts = running.finish()
+        assert seen == [(message_id, "m")]
+        assert counts.relayed == 1
 
     # -- relay ----------------------------------------------------------------
 

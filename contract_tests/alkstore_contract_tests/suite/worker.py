@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import pytest
 
-from alkstore import App, Fail, Retry, Store, ValidationError, Worker, WorkerCounts
+from alkstore import App, Fail, JobContext, Retry, Store, ValidationError, Worker, WorkerCounts
 from alkstore_contract_tests._clock import T0, ManualClock
 from alkstore_contract_tests._worker_app import (
     QUEUE,
@@ -704,6 +704,144 @@ class WorkerTests(WorkerFixtures):
         assert waiting is not None
         assert (waiting.state, waiting.attempts) == ("pending", 0)
         assert executions(worker_log_dir) == {"running": 1}
+
+    # -- the job context (docs/tasks-and-workers.md "Job context") -------------
+
+    def test_a_task_taking_the_context_gets_its_claimed_job(
+        self, worker_apps: AppFactory, worker_clock: ManualClock
+    ) -> None:
+        """``takes_context=True``: the worker passes the job's
+        ``JobContext`` first, its ``job`` the claim's snapshot (id, queue,
+        attempts, payload); enqueueing takes the arguments without it,
+        checked against the function less its first parameter."""
+        app = worker_apps(clock=worker_clock)
+        seen: list[tuple[Any, ...]] = []
+
+        @app.task(queue=QUEUE, name="ctx_job", takes_context=True)
+        def ctx_job(context: JobContext, token: str, *, twice: bool = False) -> None:
+            seen.append((context.job, token, twice, context.cancelled, context.lost))
+            if context.job.attempts == 1:
+                raise RuntimeError("once more")
+
+        queue = app.queue(QUEUE)
+        with pytest.raises(
+            ValidationError, match=r"task 'ctx_job' cannot be called .*too many positional"
+        ):
+            ctx_job.enqueue("a", "b")  # type: ignore[call-arg, arg-type]
+        with pytest.raises(
+            ValidationError, match=r"task 'ctx_job' cannot be called .*missing .*'token'"
+        ):
+            ctx_job.enqueue_many([("a",), ()])
+        assert tuple(queue.stats()) == (0, 0, 0, 0)
+
+        job_id = ctx_job.enqueue("t", twice=True)
+        first = app.worker(handle_signals=False, worker_id="w1").run(burst=True)
+        worker_clock.advance(10)  # past the backoff
+        second = app.worker(handle_signals=False, worker_id="w2").run(burst=True)
+
+        assert (first, second) == (WorkerCounts(retried=1), WorkerCounts(succeeded=1))
+        assert [(job.id, job.queue, job.attempts, job.worker_id) for job, *_ in seen] == [
+            (job_id, QUEUE, 1, "w1"),
+            (job_id, QUEUE, 2, "w2"),
+        ]
+        assert [tuple(rest) for _, *rest in seen] == [("t", True, False, False)] * 2
+        claimed = seen[0][0]
+        assert claimed.state == "processing"
+        assert claimed.payload == {"task": "ctx_job", "args": ["t"], "kwargs": {"twice": True}}
+        assert claimed.claim_deadline == T0 + timedelta(seconds=30)
+
+    def test_the_context_heartbeat_extends_the_claim_through_the_worker(
+        self, worker_apps: AppFactory, worker_clock: ManualClock
+    ) -> None:
+        """``context.heartbeat(extend)`` sets the claim's deadline to the
+        store's now plus ``extend`` (default the visibility timeout, 30 s
+        here) and says it took effect."""
+        app = worker_apps(clock=worker_clock)
+        go, beaten = threading.Event(), threading.Event()
+        beats: list[bool] = []
+
+        @app.task(queue=QUEUE, name="long_ctx", takes_context=True)
+        def long_ctx(context: JobContext) -> None:
+            for extend in (timedelta(seconds=300), None):
+                assert go.wait(WAIT_S)
+                go.clear()
+                beats.append(context.heartbeat(extend))
+                beaten.set()
+            assert go.wait(WAIT_S)
+
+        queue = app.queue(QUEUE)
+        job_id = long_ctx.enqueue()
+        running = RunningWorker(app.worker(poll_interval_s=0.05, handle_signals=False))
+        try:
+            wait_until(lambda: job_of(queue, job_id).state == "processing", "the claim")
+            assert job_of(queue, job_id).claim_deadline == T0 + timedelta(seconds=30)
+            for advance, deadline in ((10, 310), (5, 45)):
+                worker_clock.advance(advance)
+                go.set()
+                assert beaten.wait(WAIT_S)
+                beaten.clear()
+                assert job_of(queue, job_id).claim_deadline == T0 + timedelta(seconds=deadline)
+            go.set()
+            wait_until(lambda: running.worker.counts.total, "the job to finish")
+        finally:
+            go.set()
+            counts = running.finish()
+        assert beats == [True, True]
+        assert counts == WorkerCounts(succeeded=1)
+        assert queue.get_job(job_id) is None
+
+    def test_a_running_handler_sees_its_job_cancelled_in_its_context(
+        self, worker_apps: AppFactory, worker_clock: ManualClock
+    ) -> None:
+        """``Queue.cancel`` from another thread while the handler runs:
+        a handler polling ``context.cancelled`` sees it within a heartbeat
+        interval (a third of the visibility timeout, 1 s here), well before
+        the claim would lapse; one whose ``context.heartbeat()`` is refused
+        for it sees it at once. Neither outcome is recorded: both are
+        counted ``cancelled``."""
+        app = worker_apps(clock=worker_clock, visibility_timeout_s=3)
+        started_now = threading.Event()
+        asked = threading.Event()
+        seen: dict[str, tuple[Any, ...]] = {}
+
+        @app.task(queue=QUEUE, name="polling", takes_context=True)
+        def polling(context: JobContext) -> None:
+            started_now.set()
+            deadline = time.monotonic() + WAIT_S
+            while not context.cancelled:
+                assert time.monotonic() < deadline, "the cancel was never seen"
+                time.sleep(POLL_S)
+            seen["polling"] = (time.monotonic(), context.lost)
+
+        @app.task(queue=QUEUE, name="asking", takes_context=True)
+        def asking(context: JobContext) -> None:
+            assert asked.wait(WAIT_S)
+            beat = context.heartbeat()
+            seen["asking"] = (beat, context.cancelled, context.lost)
+
+        queue = app.queue(QUEUE)
+        polling_id = polling.enqueue()
+        running = RunningWorker(
+            app.worker(concurrency=2, poll_interval_s=0.05, handle_signals=False)
+        )
+        try:
+            assert started_now.wait(WAIT_S)
+            cancelled_at = time.monotonic()
+            assert queue.cancel(polling_id)
+            wait_until(lambda: "polling" in seen, "the handler to see the cancel")
+            assert seen["polling"][1] is False  # cancelled, not lost
+            assert seen["polling"][0] - cancelled_at < 3.0  # before the claim would lapse
+
+            asking_id = asking.enqueue()
+            wait_until(lambda: job_of(queue, asking_id).state == "processing", "the claim")
+            assert queue.cancel(asking_id)
+            asked.set()
+            wait_until(lambda: running.worker.counts.total == 2, "both handlers to end")
+        finally:
+            asked.set()
+            counts = running.finish()
+        assert seen["asking"] == (False, True, False)
+        assert counts == WorkerCounts(cancelled=2)
 
     # -- prefetch (docs/tasks-and-workers.md "Prefetch") -----------------------
 
