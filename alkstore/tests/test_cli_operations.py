@@ -58,6 +58,43 @@ def read(url: str) -> alkstore.Store:
     return alkstore.open(url, migrate=False)
 
 
+# -- cancel -------------------------------------------------------------------
+
+
+def test_cancel_deletes_a_live_job_and_exits_1_when_there_is_none(project: Path, url: str) -> None:
+    """``cancel ID`` finds the job's queue, deletes the pending or
+    processing job there and says so; an id with no live job (gone, dead,
+    never made, or in a queue not named) is one line on stderr, exit 1."""
+    (dead_id,) = bury(url, "mail", ["boom"])
+    with alkstore.open(url) as store:
+        mail, other = store.queue("mail"), store.queue("other")
+        pending_id = mail.enqueue({"n": 1})
+        running_id = other.enqueue({"n": 2})
+        claimed = other.claim_one("w")
+        assert claimed is not None
+        assert claimed.id == running_id
+
+    assert ok(run(project, url, "cancel", str(pending_id))) == (
+        f"cancelled job {pending_id} of 'mail'\n"
+    )
+    assert ok(run(project, url, "cancel", str(running_id), "-q", "mail", "-q", "other")) == (
+        f"cancelled job {running_id} of 'other'\n"
+    )
+    line = one_line_error(run(project, url, "cancel", str(pending_id)))
+    assert line == f"Error: no live job {pending_id} in queue(s) mail"
+    line = one_line_error(run(project, url, "cancel", str(dead_id)))
+    assert line == f"Error: no live job {dead_id}: it is a dead job of 'mail'"
+    line = one_line_error(run(project, url, "cancel", "999", "--app", "jobs:app"))
+    assert line == "Error: no live job 999 in queue(s) mail"
+    with read(url) as store:
+        assert store.queue("mail").get_job(pending_id) is None
+        assert store.queue("other").get_job(running_id) is None
+        dead = store.queue("mail").get_job(dead_id)
+        assert dead is not None
+        assert dead.state == "dead"
+    assert "cancel" in ok(command(project, "--help"))
+
+
 # -- pause, resume -------------------------------------------------------------
 
 
@@ -182,6 +219,7 @@ def test_dead_list_json_is_one_object_per_line(project: Path, url: str) -> None:
         "claim_deadline": "2024-01-01T00:00:30+00:00",
         "last_error": "failed",  # fail(None), docs/contract.md §3
         "died_at": LONG_AGO_ISO,
+        "unique_key": None,
     }
     assert rows[1]["last_error"] == "last"
     everything = ok(run(project, url, "dead", "list", "mail", "--json", "--limit", "1"))
@@ -635,7 +673,9 @@ def test_app_gives_the_operations_commands_its_store(project: Path, url: str) ->
     assert ok(command(project, "schedules", "--app", "jobs:other")) == "no schedules\n"
 
 
-@pytest.mark.parametrize("args", [("dead", "purge", "mail", "--yes"), ("pause", "mail")])
+@pytest.mark.parametrize(
+    "args", [("dead", "purge", "mail", "--yes"), ("pause", "mail"), ("cancel", "1", "-q", "mail")]
+)
 def test_writing_operations_never_create_a_database(project: Path, args: Sequence[str]) -> None:
     line = one_line_error(run(project, f"sqlite:///{project / 'typo.db'}", *args))
     assert "alkstore migrate" in line

@@ -43,10 +43,12 @@ from alkstore_postgres._sql.queue import (
     LAPSED_CLAIMS,
     STATS,
     SWEEP_EXPIRED,
+    UNIQUE_ATTEMPTS,
     claim_is_prepared,
     claim_order,
     claim_query,
     insert,
+    insert_unique,
     inserted_ids,
     sweep_params,
     sweep_result,
@@ -78,8 +80,24 @@ class PostgresQueue(Queue):
 
     # -- engine primitives ---------------------------------------------------
 
-    def _insert(self, resolved: Resolved, payloads: Sequence[EncodedPayload]) -> list[int]:
+    def _insert(
+        self,
+        resolved: Resolved,
+        payloads: Sequence[EncodedPayload],
+        unique_keys: Sequence[str | None] | None,
+    ) -> list[int]:
         store = self._pg_store
+        if unique_keys is not None:
+            # One statement per job, in one transaction when there are
+            # several: each sees the rows the ones before it inserted.
+            with store._db.connection() as conn:
+                if len(payloads) == 1:
+                    return [self._insert_on(conn, resolved, payloads[0], unique_keys[0])]
+                with conn.transaction():
+                    return [
+                        self._insert_on(conn, resolved, payload, key)
+                        for payload, key in zip(payloads, unique_keys, strict=True)
+                    ]
         statement, params = insert(self._name, self._channel, resolved, payloads)
         # Prepared on each pooled connection after its first use, parameters
         # and results in binary: psycopg's own fast path.
@@ -88,7 +106,9 @@ class PostgresQueue(Queue):
             row = cur.fetchone()
         return inserted_ids(row, len(payloads))
 
-    def _insert_tx(self, conn: Any, resolved: Resolved, payload: EncodedPayload) -> int:
+    def _insert_tx(
+        self, conn: Any, resolved: Resolved, payload: EncodedPayload, unique_key: str | None
+    ) -> int:
         check_tx_connection(conn, psycopg.Connection)
         store = self._pg_store
         with wrap_errors():
@@ -99,20 +119,42 @@ class PostgresQueue(Queue):
                     f"enqueue_tx needs a connection to the store's database "
                     f"({store._database[1]!r} of {store._url}); this one is on {where}"
                 )
-            return self._insert_on(conn, resolved, payload)
+            return self._insert_on(conn, resolved, payload, unique_key)
 
-    def _insert_on(self, conn: Conn, resolved: Resolved, payload: EncodedPayload) -> int:
+    def _insert_on(
+        self,
+        conn: Conn,
+        resolved: Resolved,
+        payload: EncodedPayload,
+        unique_key: str | None = None,
+    ) -> int:
         """The insert of ``_insert_tx`` in ``conn``'s open transaction, with
         no check of ``conn``: for a connection the engine already knows is
         its database's (a schedule's firing borrows one from the pool; the
         identity check would borrow a second after a restart, which a pool
-        of one never has). Never commits or rolls back."""
-        statement, params = insert(self._name, self._channel, resolved, [payload])
+        of one never has). Never commits or rolls back. With a
+        ``unique_key``, the id of the live job holding it if there is one
+        (``INSERT_UNIQUE``)."""
+        sql_text = self._pg_store.sql
         # The caller's connection may have its own row factory: a cursor
         # of our own.
         with conn.cursor(row_factory=tuple_row) as cur:
-            row = cur.execute(self._pg_store.sql(statement), params).fetchone()
-        return inserted_ids(row, 1)[0]
+            if unique_key is None:
+                statement, params = insert(self._name, self._channel, resolved, [payload])
+                row = cur.execute(sql_text(statement), params).fetchone()
+                return inserted_ids(row, 1)[0]
+            statement, params = insert_unique(
+                self._name, self._channel, resolved, payload, unique_key
+            )
+            for _ in range(UNIQUE_ATTEMPTS):
+                row = cur.execute(sql_text(statement), params).fetchone()
+                if row is not None:
+                    job_id: int = row[0]
+                    return job_id
+        raise EngineError(
+            f"enqueue with unique key {unique_key!r} in queue {self._name!r}: the key changed "
+            f"hands {UNIQUE_ATTEMPTS} times while the enqueue ran; try again"
+        )
 
     def _claim(self, worker_id: str, n: int) -> list[JobHandle]:
         store = self._pg_store

@@ -41,10 +41,12 @@ from alkstore_postgres._sql.queue import (
     LAPSED_CLAIMS,
     STATS,
     SWEEP_EXPIRED,
+    UNIQUE_ATTEMPTS,
     claim_is_prepared,
     claim_order,
     claim_query,
     insert,
+    insert_unique,
     inserted_ids,
     sweep_params,
     sweep_result,
@@ -76,8 +78,24 @@ class AsyncPostgresQueue(AsyncQueue):
 
     # -- engine primitives ---------------------------------------------------
 
-    async def _insert(self, resolved: Resolved, payloads: Sequence[EncodedPayload]) -> list[int]:
+    async def _insert(
+        self,
+        resolved: Resolved,
+        payloads: Sequence[EncodedPayload],
+        unique_keys: Sequence[str | None] | None,
+    ) -> list[int]:
         store = self._pg_store
+        if unique_keys is not None:
+            # One statement per job, in one transaction when there are
+            # several: each sees the rows the ones before it inserted.
+            async with store._db.connection() as conn:
+                if len(payloads) == 1:
+                    return [await self._insert_on(conn, resolved, payloads[0], unique_keys[0])]
+                async with conn.transaction():
+                    return [
+                        await self._insert_on(conn, resolved, payload, key)
+                        for payload, key in zip(payloads, unique_keys, strict=True)
+                    ]
         statement, params = insert(self._name, self._channel, resolved, payloads)
         # Prepared on each pooled connection after its first use, parameters
         # and results in binary: psycopg's own fast path.
@@ -86,7 +104,9 @@ class AsyncPostgresQueue(AsyncQueue):
             row = await cur.fetchone()
         return inserted_ids(row, len(payloads))
 
-    async def _insert_tx(self, conn: Any, resolved: Resolved, payload: EncodedPayload) -> int:
+    async def _insert_tx(
+        self, conn: Any, resolved: Resolved, payload: EncodedPayload, unique_key: str | None
+    ) -> int:
         check_tx_connection(conn, psycopg.AsyncConnection)
         store = self._pg_store
         with wrap_errors():
@@ -97,20 +117,42 @@ class AsyncPostgresQueue(AsyncQueue):
                     f"enqueue_tx needs a connection to the store's database "
                     f"({store._database[1]!r} of {store._url}); this one is on {where}"
                 )
-            return await self._insert_on(conn, resolved, payload)
+            return await self._insert_on(conn, resolved, payload, unique_key)
 
-    async def _insert_on(self, conn: AsyncConn, resolved: Resolved, payload: EncodedPayload) -> int:
+    async def _insert_on(
+        self,
+        conn: AsyncConn,
+        resolved: Resolved,
+        payload: EncodedPayload,
+        unique_key: str | None = None,
+    ) -> int:
         """The insert of ``_insert_tx`` in ``conn``'s open transaction, with
         no check of ``conn``: for a connection the engine already knows is
         its database's (a schedule's firing borrows one from the pool; the
         identity check would borrow a second after a restart, which a pool
-        of one never has). Never commits or rolls back."""
-        statement, params = insert(self._name, self._channel, resolved, [payload])
+        of one never has). Never commits or rolls back. With a
+        ``unique_key``, the id of the live job holding it if there is one
+        (``INSERT_UNIQUE``)."""
+        sql_text = self._pg_store.sql
         # The caller's connection may have its own row factory: a cursor
         # of our own.
         async with conn.cursor(row_factory=tuple_row) as cur:
-            row = await (await cur.execute(self._pg_store.sql(statement), params)).fetchone()
-        return inserted_ids(row, 1)[0]
+            if unique_key is None:
+                statement, params = insert(self._name, self._channel, resolved, [payload])
+                row = await (await cur.execute(sql_text(statement), params)).fetchone()
+                return inserted_ids(row, 1)[0]
+            statement, params = insert_unique(
+                self._name, self._channel, resolved, payload, unique_key
+            )
+            for _ in range(UNIQUE_ATTEMPTS):
+                row = await (await cur.execute(sql_text(statement), params)).fetchone()
+                if row is not None:
+                    job_id: int = row[0]
+                    return job_id
+        raise EngineError(
+            f"enqueue with unique key {unique_key!r} in queue {self._name!r}: the key changed "
+            f"hands {UNIQUE_ATTEMPTS} times while the enqueue ran; try again"
+        )
 
     async def _claim(self, worker_id: str, n: int) -> list[AsyncJobHandle]:
         store = self._pg_store

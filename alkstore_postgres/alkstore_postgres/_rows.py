@@ -36,19 +36,19 @@ _PUBLIC_STATE = {
 MOVED_COLUMNS = sql.SQL(
     "id, queue, payload, content_type, priority, run_at, expires_at, enqueued_at, "
     "attempts, max_attempts, visibility_timeout_s, backoff_base_s, backoff_cap_s, "
-    "worker_id, claim_deadline"
+    "worker_id, claim_deadline, unique_key"
 )
 #: The columns :func:`job_from_row` reads, from the live table.
 LIVE_COLUMNS = sql.SQL(
     "id, queue, state, payload, content_type, priority, run_at, expires_at, "
     "enqueued_at, attempts, max_attempts, visibility_timeout_s, backoff_base_s, "
-    "backoff_cap_s, worker_id, claim_deadline, last_error, NULL::timestamptz"
+    "backoff_cap_s, worker_id, claim_deadline, last_error, NULL::timestamptz, unique_key"
 )
 #: The same columns from the dead table, where the state is implied.
 DEAD_COLUMNS = sql.SQL(
     "id, queue, 'dead', payload, content_type, priority, run_at, expires_at, "
     "enqueued_at, attempts, max_attempts, visibility_timeout_s, backoff_base_s, "
-    "backoff_cap_s, worker_id, claim_deadline, last_error, died_at"
+    "backoff_cap_s, worker_id, claim_deadline, last_error, died_at, unique_key"
 )
 
 
@@ -78,6 +78,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
         claim_deadline,
         last_error,
         died_at,
+        unique_key,
     ) = row
     public = _PUBLIC_STATE.get(state)
     if public is None:
@@ -103,5 +104,6 @@ def job_from_row(row: Sequence[Any]) -> Job:
             _opt_utc(claim_deadline),
             last_error,
             _opt_utc(died_at),
+            unique_key,
         )
     )

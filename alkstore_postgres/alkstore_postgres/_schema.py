@@ -57,7 +57,9 @@ clock that moves backwards costs at most some skipped rows, never a wrong
 answer. Rows that version 1 wrote as ``pending`` with a future ``run_at``
 were only walked over; version 3's migration moves them to ``scheduled``.
 Version 4 rewrote no row: claims that lapsed and rows that expired under
-version 3 are moved by the first claim.
+version 3 are moved by the first claim. A live row's ``unique_key`` is
+unique within its queue (``jobs_unique``, a partial unique index over the
+rows that have one); a dead row keeps its key, unindexed.
 
 Indexes keep the hot paths independent of the backlog: a claim walks
 ``jobs_pending`` and ``jobs_lapsed`` in claim order and stops after ``n``
@@ -105,7 +107,7 @@ __all__ = [
 #: The schema used when the ``schema=`` option is not given.
 DEFAULT_SCHEMA = "alkstore"
 #: The newest schema version this code knows.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _VERSION_KEY = "schema_version"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]*")
@@ -335,6 +337,21 @@ _MIGRATIONS: tuple[tuple[sql.SQL, ...], ...] = (
             autovacuum_vacuum_insert_threshold = 1000,
             autovacuum_vacuum_cost_delay = 0
         )
+        """),
+    ),
+    # Version 6: unique keys (docs/contract.md §3 "Unique keys"). A column on
+    # both tables (a dead row keeps its key, and requeue brings it back),
+    # added without a default, so no row is rewritten, and a partial unique
+    # index over the live rows that have one: the index, not a check before
+    # the insert, keeps two live jobs of a queue from sharing a key, and an
+    # enqueue of a key another transaction is inserting waits for that
+    # transaction's end. Rows without a key are not in it.
+    (
+        sql.SQL("ALTER TABLE {jobs} ADD COLUMN unique_key text"),
+        sql.SQL("ALTER TABLE {dead} ADD COLUMN unique_key text"),
+        sql.SQL("""
+        CREATE UNIQUE INDEX jobs_unique ON {jobs} (queue, unique_key)
+            WHERE unique_key IS NOT NULL
         """),
     ),
 )

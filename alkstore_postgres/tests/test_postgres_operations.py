@@ -715,13 +715,19 @@ def test_version_2_is_migrated(
     store = open_pg()
     assert version(admin, schema) == SCHEMA_VERSION
     jobs_after = admin.execute(select_all).fetchall()
-    assert admin.execute(select_dead).fetchall() == dead_before
+    # Version 6 added unique_key, NULL on every old row.
+    assert admin.execute(select_dead).fetchall() == [(*row, None) for row in dead_before]
     # Every row kept; only the future 'pending' ones changed state.
     assert len(jobs_after) == len(jobs_before) == 5
     state = 2
     for before, after in zip(jobs_before, jobs_after, strict=True):
         moved = before[state] == "pending" and before[6] > T0
-        assert after == (*before[:state], "scheduled" if moved else before[state], *before[3:])
+        assert after == (
+            *before[:state],
+            "scheduled" if moved else before[state],
+            *before[3:],
+            None,
+        )
     assert [row[state] for row in jobs_after] == [
         "scheduled",
         "scheduled",

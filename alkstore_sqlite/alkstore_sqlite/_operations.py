@@ -65,18 +65,21 @@ DEAD_PAGE = f"""
 # original expiry duration (expires_at - enqueued_at, always > 0) again,
 # from its new run_at; NULL stays NULL. Its attempts are kept, so no claim
 # of it can repeat an earlier claim's (id, attempts) identity, and its
-# budget is renewed by raising max_attempts by its own size (D21).
+# budget is renewed by raising max_attempts by its own size (D21). A job
+# whose unique key a live job holds now stays dead: nothing is inserted,
+# so nothing is deleted.
 _REQUEUE = """
     INSERT INTO _alkstore_jobs (
         id, queue, state, priority, run_at, expires_at, claim_deadline,
         attempts, max_attempts, visibility_timeout_s, backoff_base_s,
         backoff_cap_s, enqueued_at, worker_id, content_type, last_error,
-        payload)
+        payload, unique_key)
     SELECT id, queue, :state, priority, :run_at, :run_at + (expires_at - enqueued_at), NULL,
            attempts, min(attempts + max_attempts, 2147483647), visibility_timeout_s,
            backoff_base_s, backoff_cap_s, enqueued_at, NULL, content_type, last_error,
-           payload
+           payload, unique_key
     FROM _alkstore_dead WHERE id = :id AND queue = :queue
+    ON CONFLICT (queue, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
 """
 _DELETE_REQUEUED = "DELETE FROM _alkstore_dead WHERE id = :id"
 

@@ -36,7 +36,7 @@ from alkstore_sqlite._wake import notify
 if TYPE_CHECKING:
     from alkstore_sqlite._store import SqliteStore
 
-__all__ = ["SqliteQueue", "insert_one", "job_row"]
+__all__ = ["SqliteQueue", "insert_keyed", "insert_one", "job_row"]
 
 # SQLite integers are signed 64-bit; a larger id cannot exist and would not
 # even bind as a parameter.
@@ -50,6 +50,20 @@ _INSERT = """
         backoff_base_s, backoff_cap_s)
     VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?)
 """
+# A job with a unique key (docs/contract.md §3 "Unique keys"): the partial
+# unique index on (queue, unique_key) decides, so two enqueues of one key
+# can never both store a row, whatever runs at once. Stored nothing: the
+# live row holding the key is found by the same index, in the same write
+# transaction (so it cannot have gone in between).
+_INSERT_UNIQUE = """
+    INSERT INTO _alkstore_jobs (
+        queue, state, payload, content_type, priority, run_at, expires_at,
+        enqueued_at, attempts, max_attempts, visibility_timeout_s,
+        backoff_base_s, backoff_cap_s, unique_key)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?)
+    ON CONFLICT (queue, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+"""
+_HOLDER = "SELECT id FROM _alkstore_jobs WHERE queue = ? AND unique_key = ?"
 
 # -- the claim ---------------------------------------------------------------
 #
@@ -315,27 +329,47 @@ class SqliteQueue(Queue):
 
     # -- enqueue -------------------------------------------------------------
 
-    def _insert(self, resolved: Resolved, payloads: Sequence[EncodedPayload]) -> list[int]:
+    def _insert(
+        self,
+        resolved: Resolved,
+        payloads: Sequence[EncodedPayload],
+        unique_keys: Sequence[str | None] | None,
+    ) -> list[int]:
         pool = self._store._pool
-        if len(payloads) == 1:
+        newest: int | None
+        if unique_keys is not None:
+            rows = [job_row(self._name, resolved, p) for p in payloads]
+            ids, newest = pool.transaction(insert_keyed, rows, unique_keys)
+        elif len(payloads) == 1:
             ids = [pool.run(insert_one, job_row(self._name, resolved, payloads[0]))]
+            newest = ids[0]
         else:
             first = job_row(self._name, resolved, payloads[0])
             rows = [(*first[:2], p.data, p.content_type, *first[4:]) for p in payloads]
             ids = pool.transaction(_insert_many, rows)
-        # With the last id, so the file watcher recognises the commit as
+            newest = ids[-1]
+        # With the newest id, so the file watcher recognises the commit as
         # delivered when it sees the same rows.
-        notify(self._store._wake_key, self._name, ids[-1])
+        if newest is not None:
+            notify(self._store._wake_key, self._name, newest)
         return ids
 
-    def _insert_tx(self, conn: Any, resolved: Resolved, payload: EncodedPayload) -> int:
+    def _insert_tx(
+        self, conn: Any, resolved: Resolved, payload: EncodedPayload, unique_key: str | None
+    ) -> int:
         cursor = self._tx_cursor(conn)
         # The caller's connection, not the pool's: ask the guard here.
         self._store._pool.guard.check()
-        # One statement is atomic: if it fails, the caller's transaction is
-        # left as it was.
+        row = job_row(self._name, resolved, payload)
         try:
-            job_id = cursor.execute(_INSERT, job_row(self._name, resolved, payload)).lastrowid
+            if unique_key is None:
+                # One statement is atomic: if it fails, the caller's
+                # transaction is left as it was.
+                job_id = cursor.execute(_INSERT, row).lastrowid
+            else:
+                # The insert (or not) and the read of the holder are in the
+                # caller's write transaction: nobody else writes in between.
+                job_id = insert_keyed(cursor.connection, [row], [unique_key])[0][0]
         except sqlite3.Error as error:
             raise engine_error(error) from error
         assert job_id is not None
@@ -469,6 +503,27 @@ def insert_one(conn: sqlite3.Connection, row: tuple[Any, ...]) -> int:
     job_id = conn.execute(_INSERT, row).lastrowid
     assert job_id is not None
     return job_id
+
+
+def insert_keyed(
+    conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]], keys: Sequence[str | None]
+) -> tuple[list[int], int | None]:
+    """Insert the jobs of :func:`job_row` with their unique keys, one by one
+    in list order, inside the caller's write transaction: a job whose key a
+    live row holds (one of the earlier ones included) is not inserted and
+    gets that row's id. Returns the ids and the newest id inserted (``None``
+    when every job was already there)."""
+    ids: list[int] = []
+    newest: int | None = None
+    for row, key in zip(rows, keys, strict=True):
+        cursor = conn.execute(_INSERT_UNIQUE, (*row, key))
+        if cursor.rowcount == 1:
+            assert cursor.lastrowid is not None
+            newest = cursor.lastrowid
+            ids.append(newest)
+        else:
+            ids.append(conn.execute(_HOLDER, (row[0], key)).fetchone()[0])
+    return ids, newest
 
 
 def _insert_many(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> list[int]:

@@ -42,19 +42,19 @@ _PUBLIC_STATE = {
 LIVE_COLUMNS = (
     "id, queue, state, payload, content_type, priority, run_at, expires_at, "
     "enqueued_at, attempts, max_attempts, visibility_timeout_s, backoff_base_s, "
-    "backoff_cap_s, worker_id, claim_deadline, last_error, NULL"
+    "backoff_cap_s, worker_id, claim_deadline, last_error, NULL, unique_key"
 )
 #: The same columns from the dead table, where the state is implied.
 DEAD_COLUMNS = (
     "id, queue, 'dead', payload, content_type, priority, run_at, expires_at, "
     "enqueued_at, attempts, max_attempts, visibility_timeout_s, backoff_base_s, "
-    "backoff_cap_s, worker_id, claim_deadline, last_error, died_at"
+    "backoff_cap_s, worker_id, claim_deadline, last_error, died_at, unique_key"
 )
 
 _MOVED_COLUMNS = (
     "id, queue, payload, content_type, priority, run_at, expires_at, "
     "enqueued_at, attempts, max_attempts, visibility_timeout_s, backoff_base_s, "
-    "backoff_cap_s, worker_id, claim_deadline"
+    "backoff_cap_s, worker_id, claim_deadline, unique_key"
 )
 
 
@@ -124,6 +124,7 @@ def jobs_from_rows(rows: Sequence[Sequence[Any]]) -> list[Job]:
             claim_deadline,
             last_error,
             died_at,
+            unique_key,
         ) = row
         public = _PUBLIC_STATE.get(state)
         if public is None:
@@ -152,6 +153,7 @@ def jobs_from_rows(rows: Sequence[Sequence[Any]]) -> list[Job]:
                     instant(claim_deadline),
                     last_error,
                     instant(died_at),
+                    unique_key,
                 )
             )
         )

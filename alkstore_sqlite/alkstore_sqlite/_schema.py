@@ -31,6 +31,9 @@ application's own tables in the same file:
     Per maintenance task, when its last turn was taken
     (:mod:`alkstore_sqlite._maintenance`).
 
+A live row's ``unique_key`` is unique within its queue (a partial unique
+index over the rows that have one); a dead row keeps its key, unindexed.
+
 A live row's ``state`` is engine-private and finer than the public one
 (the contract's ``pending``/``processing``). Each value keeps the row in the one
 partial index the claim needs to find it in, so that a claim never walks
@@ -76,7 +79,7 @@ from alkstore.engine import check_schema_version
 __all__ = ["SCHEMA_VERSION", "migrate", "read_version"]
 
 #: The newest schema version this code knows.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _VERSION_KEY = "schema_version"
 
@@ -300,6 +303,21 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             task        TEXT    PRIMARY KEY,
             last_run_at INTEGER NOT NULL
         ) WITHOUT ROWID
+        """,
+    ),
+    # Version 4: unique keys (docs/contract.md §3 "Unique keys"). A column on
+    # both tables (a dead row keeps its key, and requeue brings it back) and
+    # a partial unique index over the live rows that have one: the index,
+    # not a check before the insert, keeps two live jobs of a queue from
+    # sharing a key. Rows without a key are not in it, so a plain enqueue
+    # writes no more than before. Adding a column rewrites no row.
+    (
+        "ALTER TABLE _alkstore_jobs ADD COLUMN unique_key TEXT",
+        "ALTER TABLE _alkstore_dead ADD COLUMN unique_key TEXT",
+        """
+        CREATE UNIQUE INDEX _alkstore_jobs_unique
+            ON _alkstore_jobs (queue, unique_key)
+            WHERE unique_key IS NOT NULL
         """,
     ),
 )

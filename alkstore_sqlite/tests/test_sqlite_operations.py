@@ -831,7 +831,7 @@ def _make_version_2(path: Path) -> None:
 
     The schema is version 2's migrations; the rows are written by this
     code (whose job and dead-letter writes are version 2's) on the upgraded
-    file, whose version-3 objects are then dropped again.
+    file, whose version-3 and version-4 objects are then dropped again.
     """
     clock = ManualClock()
     conn = sqlite3.connect(path, isolation_level=None)
@@ -870,6 +870,9 @@ def _make_version_2(path: Path) -> None:
         for table in ("queues", "wakes", "schedules", "maintenance"):
             conn.execute(f"DROP TABLE _alkstore_{table}")
         conn.execute("DROP INDEX _alkstore_dead_queue")
+        conn.execute("DROP INDEX _alkstore_jobs_unique")
+        for table in ("jobs", "dead"):
+            conn.execute(f"ALTER TABLE _alkstore_{table} DROP COLUMN unique_key")
         conn.execute("DELETE FROM sqlite_sequence WHERE name = '_alkstore_wakes'")
         conn.execute("UPDATE _alkstore_meta SET value = 2 WHERE key = 'schema_version'")
         conn.execute("COMMIT")
@@ -894,11 +897,15 @@ def test_version_2_migrates_and_keeps_every_row(db_path: Path, db_url: str) -> N
     with closing(open_store(db_url, clock=clock)) as store:
         rows = _rows(db_path)
         for table, old in before.items():
+            if table != "sqlite_sequence":
+                # Version 4's unique_key column: NULL on every old row.
+                assert {row[-1] for row in rows[table]} == {None}, table
+                rows[table] = [row[:-1] for row in rows[table]]
             assert rows[table] == old, table
         with sqlite3.connect(db_path) as conn:
             assert conn.execute("SELECT value FROM _alkstore_meta").fetchone() == (SCHEMA_VERSION,)
             assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-        assert SCHEMA_VERSION == 3
+        assert SCHEMA_VERSION == 4
         assert store.queue_names() == ["graveyard", "q"]
         dead = store.queue("graveyard").dead_jobs()
         assert [j.payload for j in dead] == ["dead one", "dead two"]

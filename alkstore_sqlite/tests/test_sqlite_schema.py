@@ -212,7 +212,7 @@ def test_version_1_migrates_and_keeps_every_row(db_path: Path) -> None:
         columns = [d[0] for d in conn.execute("SELECT * FROM _alkstore_jobs").description]
     clock = ManualClock()
     with open_store(f"sqlite:///{db_path}", clock=clock) as store:
-        assert _version(db_path) == SCHEMA_VERSION == 3
+        assert _version(db_path) == SCHEMA_VERSION == 4
         with sqlite3.connect(db_path) as conn:
             conn.row_factory = sqlite3.Row
             after = conn.execute("SELECT * FROM _alkstore_jobs ORDER BY id").fetchall()
@@ -280,7 +280,9 @@ def test_several_processes_migrate_a_version_1_file_at_once(db_path: Path, db_ur
 
 def test_migrate_false_refuses_an_older_schema(db_path: Path, db_url: str) -> None:
     _make_version_1(db_path)
-    with pytest.raises(SchemaVersionError, match="version 1, older than this code's 3"):
+    with pytest.raises(
+        SchemaVersionError, match=f"version 1, older than this code's {SCHEMA_VERSION}"
+    ):
         alkstore.open(db_url, migrate=False)
     assert _version(db_path) == 1
     alkstore.open(db_url).close()

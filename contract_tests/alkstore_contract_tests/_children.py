@@ -33,6 +33,7 @@ __all__ = [
     "epoch_us",
     "open_child_store",
     "scheduler_tick_child",
+    "unique_enqueue_child",
 ]
 
 #: How long a child waits at a barrier before giving up (a hung sibling).
@@ -215,6 +216,34 @@ def enqueue_child(
             q = store.queue(queue_name)
             ids = [q.enqueue({"child": index, "i": i}) for i in range(count)]
             results.put(("enqueue", 0, index, ids, None))
+        finally:
+            store.close()
+    except BaseException:
+        results.put(("crash", -1, index, None, traceback.format_exc()))
+        barrier.abort()
+
+
+def unique_enqueue_child(
+    spec: ChildSpec,
+    *,
+    index: int,
+    queue_name: str,
+    rounds: int,
+    barrier: Any,
+    results: Any,
+) -> None:
+    """Open the target, then in each round, together with the siblings,
+    enqueue ``{"child": index}`` with the key ``round-<round>``; report
+    ``("unique", 0, index, [id per round], error)``."""
+    try:
+        store = open_child_store(spec)
+        try:
+            q = store.queue(queue_name)
+            ids = []
+            for round_ in range(rounds):
+                barrier.wait(BARRIER_TIMEOUT_S)
+                ids.append(q.enqueue({"child": index}, unique_key=f"round-{round_}"))
+            results.put(("unique", 0, index, ids, None))
         finally:
             store.close()
     except BaseException:

@@ -84,6 +84,7 @@ class ModelJob:
     claim_deadline: datetime | None = None
     last_error: str | None = None
     died_at: datetime | None = None
+    unique_key: str | None = None
 
     def expired(self, now: datetime) -> bool:
         """docs/contract.md §3 "Boundaries": ``expires_at`` set and ``now >= expires_at``."""
@@ -169,13 +170,37 @@ class ModelStore:
             backoff_cap_s=opts.backoff_cap_s,
         )
 
+    def holder(self, queue: str, unique_key: str) -> int | None:
+        """The id of the live row of ``queue`` that holds ``unique_key``
+        (docs/contract.md §3 "Unique keys"), or ``None``."""
+        for row in self.live.values():
+            if row.queue == queue and row.unique_key == unique_key:
+                return row.id
+        return None
+
     def insert(
-        self, queue: str, ids: Iterable[int], payloads: Iterable[Any], res: ModelResolution
-    ) -> None:
-        """Add one pending row per (id, payload), all sharing ``res``."""
-        for job_id, payload in zip(ids, payloads, strict=True):
+        self,
+        queue: str,
+        ids: Iterable[int],
+        payloads: Iterable[Any],
+        res: ModelResolution,
+        unique_keys: Iterable[str | None] | None = None,
+    ) -> list[int]:
+        """Add one pending row per (id, payload), all sharing ``res``, in
+        order; return each item's job id. An item whose unique key a live
+        row of ``queue`` holds (an earlier item's included) adds nothing and
+        gets that row's id; its own id (which may be that one) is unused."""
+        items = list(zip(ids, payloads, strict=True))
+        keys = [None] * len(items) if unique_keys is None else list(unique_keys)
+        result = []
+        for (job_id, payload), key in zip(items, keys, strict=True):
+            held = None if key is None else self.holder(queue, key)
+            if held is not None:
+                result.append(held)
+                continue
             if job_id in self.live or job_id in self.dead:
                 raise AssertionError(f"id {job_id} reused")
+            result.append(job_id)
             self.live[job_id] = ModelJob(
                 id=job_id,
                 queue=queue,
@@ -190,7 +215,9 @@ class ModelStore:
                 visibility_timeout_s=res.visibility_timeout_s,
                 backoff_base_s=res.backoff_base_s,
                 backoff_cap_s=res.backoff_cap_s,
+                unique_key=key,
             )
+        return result
 
     # -- reads -----------------------------------------------------------------
 
@@ -443,10 +470,13 @@ class ModelStore:
         pending, its attempts kept and its budget renewed (``max_attempts``
         raised by its own size, at most ``2**31 - 1``), its expiry duration
         (``expires_at - enqueued_at``) counted again from ``run_at``, claim
-        fields and ``died_at`` cleared, ``last_error`` kept."""
+        fields and ``died_at`` cleared, ``last_error`` kept; ``False`` for a
+        row whose unique key a live row holds."""
         row = self.dead.get(job_id)
         if row is None or row.queue != queue:
             return False
+        if row.unique_key is not None and self.holder(queue, row.unique_key) is not None:
+            return False  # a live job holds its key: it stays dead
         del self.dead[job_id]
         if row.expires_at is not None:
             row.expires_at = run_at + (row.expires_at - row.enqueued_at)

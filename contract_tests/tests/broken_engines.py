@@ -23,7 +23,7 @@ import contextlib
 import importlib.util
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar, ParamSpec, TypeVar
@@ -274,6 +274,48 @@ class ReleaseUndoesClaimQueue(SqliteQueue):
         return [ReleaseUndoesClaimHandle(self, handle.job) for handle in handles]
 
 
+# -- (e3) a unique key checked before the insert ------------------------------
+
+_HOLDER = "SELECT id FROM _alkstore_jobs WHERE queue = ? AND unique_key = ?"
+_SET_KEY = "UPDATE _alkstore_jobs SET unique_key = ? WHERE id = ?"
+
+
+class CheckThenInsertQueue(SqliteQueue):
+    """Looks for a live job holding each key, then inserts in another
+    transaction: enqueues of one key at once all find none, and each
+    stores a job (with no unique index to stop them: the store drops it)."""
+
+    def _insert(
+        self,
+        resolved: Resolved,
+        payloads: Sequence[EncodedPayload],
+        unique_keys: Sequence[str | None] | None,
+    ) -> list[int]:
+        if unique_keys is None:
+            return super()._insert(resolved, payloads, None)
+        pool = self._store._pool
+        ids = []
+        for payload, key in zip(payloads, unique_keys, strict=True):
+            held = None if key is None else pool.run(_fetchone, _HOLDER, (self.name, key))
+            if held is not None:
+                ids.append(held[0])
+                continue
+            time.sleep(0.01)  # the window every check-then-insert has
+            (job_id,) = super()._insert(resolved, [payload], None)
+            pool.run(_rowcount, _SET_KEY, (key, job_id))
+            ids.append(job_id)
+        return ids
+
+
+class CheckThenInsertStore(SqliteStore):
+    def _prepare(self, migrate: bool) -> None:
+        super()._prepare(migrate)
+        self._pool.run(_rowcount, "DROP INDEX IF EXISTS _alkstore_jobs_unique", ())
+
+    def _open_queue(self, name: str, opts: QueueOpts) -> SqliteQueue:
+        return CheckThenInsertQueue(self, name, opts)
+
+
 # -- (f) a paused queue's claim still dead-letters ---------------------------
 
 
@@ -338,7 +380,7 @@ class NonAtomicFireStore(SqliteStore):
         if not self._skip_schedule(schedule, next_run_at):
             return None
         (job_id,) = self._open_queue(schedule.queue, schedule.queue_opts)._insert(
-            resolved, [payload]
+            resolved, [payload], None
         )
         return job_id
 
@@ -554,7 +596,7 @@ class UncheckedEnqueueQueue(ThreadedAsyncQueue):
         except ValidationError:
             resolved = resolve(await self._store._now(), self._opts, enqueue_options())
             unchecked = EncodedPayload(repr(payload).encode(), "application/octet-stream")
-            return (await self._insert(resolved, [unchecked]))[0]
+            return (await self._insert(resolved, [unchecked], None))[0]
 
 
 class UncheckedEnqueueAsyncStore(ThreadedAsyncStore):
@@ -593,6 +635,7 @@ STORE_CLASSES: dict[str, type[SqliteStore]] = {
     "broken-fire": UnguardedFireStore,
     "broken-turn": AlwaysMyTurnStore,
     "broken-half-fire": NonAtomicFireStore,
+    "broken-unique": CheckThenInsertStore,
 }
 ASYNC_STORE_CLASSES: dict[str, type[ThreadedAsyncStore]] = {
     "broken-async-blocks": LoopBlockingAsyncStore,
@@ -686,6 +729,10 @@ class RequeueResetsAttemptsHarness(_BrokenHarness):
 
 class ReleaseUndoesClaimHarness(_BrokenHarness):
     scheme = "broken-release"
+
+
+class CheckThenInsertHarness(_BrokenHarness):
+    scheme = "broken-unique"
 
 
 class PausedClaimBuriesHarness(_BrokenHarness):

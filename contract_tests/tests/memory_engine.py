@@ -68,16 +68,22 @@ class _Database:
     maintenance_locks: dict[str, threading.Lock] = field(default_factory=dict)
 
     def insert(
-        self, queue: str, resolved: Resolved, payloads: Sequence[EncodedPayload]
+        self,
+        queue: str,
+        resolved: Resolved,
+        payloads: Sequence[EncodedPayload],
+        unique_keys: Sequence[str | None] | None = None,
     ) -> list[int]:
         """Insert rows (the caller holds :attr:`lock`); return their ids."""
         if queue in self.failing_queues:
             raise EngineError(f"memory engine: {JOB_INSERT_FAULT}")
         ids = list(range(self.next_id, self.next_id + len(payloads)))
         self.next_id += len(payloads)
-        self.model.insert(queue, ids, [None] * len(ids), ModelResolution(**vars(resolved)))
+        result = self.model.insert(
+            queue, ids, [None] * len(ids), ModelResolution(**vars(resolved)), unique_keys
+        )
         self.payloads.update(zip(ids, payloads, strict=True))
-        return ids
+        return result
 
     def check_write(self) -> None:
         """Raise the injected fault of ``job_writes_fail`` (the caller holds
@@ -257,15 +263,23 @@ class MemoryQueue(Queue):
             claim_deadline=row.claim_deadline,
             last_error=row.last_error,
             died_at=row.died_at,
+            unique_key=row.unique_key,
         )
 
-    def _insert(self, resolved: Resolved, payloads: Sequence[EncodedPayload]) -> list[int]:
+    def _insert(
+        self,
+        resolved: Resolved,
+        payloads: Sequence[EncodedPayload],
+        unique_keys: Sequence[str | None] | None,
+    ) -> list[int]:
         with self.db.lock:
-            ids = self.db.insert(self.name, resolved, payloads)
+            ids = self.db.insert(self.name, resolved, payloads, unique_keys)
         self.db.wake(self.name)
         return ids
 
-    def _insert_tx(self, conn: Any, resolved: Resolved, payload: EncodedPayload) -> int:
+    def _insert_tx(
+        self, conn: Any, resolved: Resolved, payload: EncodedPayload, unique_key: str | None
+    ) -> int:
         raise ValidationError("the memory engine has no application connections")
 
     def _claim(self, worker_id: str, n: int) -> list[JobHandle]:

@@ -111,6 +111,7 @@ STATS = (
     " or test_each_field"
 )
 RELEASE = "released or test_release_"
+UNIQUE = "enqueueing_one_key_at_once"
 MOVES = "moving_job_twice or ack_racing_a_move"
 ACK_MANY = (
     "empty_is_empty or acks_each_valid_claim or stale_handle_acks or lapsed_claim_is_not_acked"
@@ -221,6 +222,16 @@ def test_a_release_that_undoes_the_claim_fails(run_suite: RunSuite) -> None:
         "test_release_wakes_the_queues_subscribers",
         # The worker's stop releases its prefetched jobs through it.
         "test_prefetched_jobs_are_released_unstarted_when_the_worker_stops",
+    }
+
+
+def test_a_unique_key_checked_before_the_insert_fails(run_suite: RunSuite) -> None:
+    """A check-then-insert unique key passes every single-caller test and
+    stores one job per racing enqueue."""
+    result = run_suite("broken_engines", "CheckThenInsertHarness", "-k", UNIQUE)
+    assert failed_tests(result) == {
+        "test_threads_enqueueing_one_key_at_once_store_one_job",
+        "test_processes_enqueueing_one_key_at_once_store_one_job",
     }
 
 
@@ -393,14 +404,14 @@ def test_an_in_process_engine_passes_with_capabilities_skipped(run_suite: RunSui
     assert failed_tests(result) == set(), result.stdout.str()[-3000:]
     assert outcomes.get("errors", 0) == 0
     assert outcomes["passed"] > 300
-    # only the capabilities this engine lacks are skipped: 10 process tests
+    # only the capabilities this engine lacks are skipped: 11 process tests
     # (4 claim races, 4 worker crashes and signals, 1 scheduler race, 1 of
-    # async coroutines), 20 transactional ones (11 contract, 3 outbox, 1
-    # worker, 3 async, 1 async worker, 1 async outbox), case 011's fault
-    # injection, the two fork tests
+    # async coroutines, 1 unique-key race), 21 transactional ones (11
+    # contract, 1 unique key, 3 outbox, 1 worker, 3 async, 1 async worker,
+    # 1 async outbox), case 011's fault injection, the two fork tests
     assert skip_reasons(result) == {
-        "this engine's harness cannot open its target in a spawned process": 10,
-        "this engine's harness gives no application connection": 20,
+        "this engine's harness cannot open its target in a spawned process": 11,
+        "this engine's harness gives no application connection": 21,
         "this engine's harness cannot inject dead-letter faults": 1,
         "this engine's harness does not declare stores_survive_fork": 2,
     }

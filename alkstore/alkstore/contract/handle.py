@@ -59,6 +59,7 @@ class JobHandle(abc.ABC):
     claim_deadline = _JobField[datetime]()
     last_error = _JobField["str | None"]()
     died_at = _JobField["datetime | None"]()
+    unique_key = _JobField["str | None"]()
 
     def __init__(self, queue: Queue, job: Job) -> None:
         self._queue = queue

@@ -57,6 +57,7 @@ class AsyncJobHandle(abc.ABC):
     claim_deadline = _JobField[datetime]()
     last_error = _JobField["str | None"]()
     died_at = _JobField["datetime | None"]()
+    unique_key = _JobField["str | None"]()
 
     def __init__(self, queue: AsyncQueue, job: Job) -> None:
         self._queue = queue

@@ -32,7 +32,8 @@ class Job:
     Every datetime is timezone-aware UTC with microsecond precision; every
     duration is seconds. ``died_at`` is ``None`` on live rows; a dead row
     keeps the ``attempts``, ``worker_id`` and ``claim_deadline`` of its last
-    claim.
+    claim. ``unique_key`` is the key it was enqueued with, or ``None``
+    (docs/contract.md §3 "Unique keys").
     """
 
     id: int
@@ -53,6 +54,7 @@ class Job:
     claim_deadline: datetime | None
     last_error: str | None
     died_at: datetime | None
+    unique_key: str | None
 
     @cached_property
     def payload(self) -> Any:

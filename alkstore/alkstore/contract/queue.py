@@ -78,6 +78,7 @@ class Queue(abc.ABC):
         priority: object = None,
         max_attempts: object = None,
         expires: object = None,
+        unique_key: object = None,
     ) -> int:
         """Add one job and wake the queue's subscribers on commit.
 
@@ -99,11 +100,16 @@ class Queue(abc.ABC):
         expires
             Seconds or ``timedelta`` after now at which the job expires;
             overrides ``opts.expires_s``.
+        unique_key
+            ``None``, or a ``str`` of 1 to 255 characters: while a job of
+            this queue with the same key is live (pending, scheduled or
+            processing), nothing is stored and that job's id is returned
+            (docs/contract.md §3 "Unique keys").
 
         Returns
         -------
         int
-            The new job's id.
+            The new job's id, or the live job's that holds ``unique_key``.
 
         Raises
         ------
@@ -120,9 +126,10 @@ class Queue(abc.ABC):
             max_attempts=max_attempts,
             expires=expires,
         )
+        key = v.unique_key(unique_key)
         encoded = [encode_payload(payload)]
         resolved = self._resolve(options)
-        return self._insert(resolved, encoded)[0]
+        return self._insert(resolved, encoded, None if key is None else [key])[0]
 
     def enqueue_many(
         self,
@@ -133,16 +140,26 @@ class Queue(abc.ABC):
         priority: object = None,
         max_attempts: object = None,
         expires: object = None,
+        unique_keys: object = None,
     ) -> list[int]:
         """Add many jobs in one transaction, all or nothing.
 
         All items share one clock read, so one ``enqueued_at`` and ``run_at``;
         ``options`` are :meth:`enqueue`'s keywords. Ids increase in list order.
 
+        Parameters
+        ----------
+        unique_keys
+            ``None``, or one key (or ``None``) per payload, in order: an item
+            whose key a live job holds, or an earlier item of the same call,
+            stores nothing and gets that job's id (docs/contract.md §3
+            "Unique keys").
+
         Returns
         -------
         list[int]
-            The new ids, in the order of ``payloads`` (``[]`` for none).
+            One id per payload, in the order of ``payloads`` (``[]`` for
+            none): the new job's, or the live one's that holds its key.
 
         Raises
         ------
@@ -160,10 +177,11 @@ class Queue(abc.ABC):
             expires=expires,
         )
         encoded = encode_payloads(payloads)
+        keys = v.unique_keys(unique_keys, len(encoded))
         resolved = self._resolve(options)
         if not encoded:
             return []
-        return self._insert(resolved, encoded)
+        return self._insert(resolved, encoded, keys)
 
     def enqueue_tx(
         self,
@@ -175,6 +193,7 @@ class Queue(abc.ABC):
         priority: object = None,
         max_attempts: object = None,
         expires: object = None,
+        unique_key: object = None,
     ) -> int:
         """Add one job inside the caller's open transaction (docs/contract.md §3
         "Transactional enqueue").
@@ -191,8 +210,11 @@ class Queue(abc.ABC):
             one whose driver opens it before its first statement (sqlite3's
             default, psycopg outside autocommit): the enqueue then opens the
             caller's transaction. See the engine's documentation for the type.
-        payload, options
-            As :meth:`enqueue`.
+        payload, options, unique_key
+            As :meth:`enqueue`; a live job holding ``unique_key`` includes
+            one this transaction enqueued, and one another transaction
+            committed (PostgreSQL waits for a transaction enqueueing the
+            same key to end first).
 
         Raises
         ------
@@ -208,9 +230,10 @@ class Queue(abc.ABC):
             max_attempts=max_attempts,
             expires=expires,
         )
+        key = v.unique_key(unique_key)
         encoded = [encode_payload(payload)]
         resolved = self._resolve(options)
-        return self._insert_tx(conn, resolved, encoded[0])
+        return self._insert_tx(conn, resolved, encoded[0], key)
 
     # -- claim ---------------------------------------------------------------
 
@@ -524,13 +547,24 @@ class Queue(abc.ABC):
     # -- engine primitives ---------------------------------------------------
 
     @abc.abstractmethod
-    def _insert(self, resolved: Resolved, payloads: Sequence[EncodedPayload]) -> list[int]:
+    def _insert(
+        self,
+        resolved: Resolved,
+        payloads: Sequence[EncodedPayload],
+        unique_keys: Sequence[str | None] | None,
+    ) -> list[int]:
         """Insert one pending row per payload, all sharing ``resolved``, in
         one transaction that also signals the queue's wake; return the ids
-        in order. ``payloads`` is never empty."""
+        in order. ``payloads`` is never empty. ``unique_keys`` is ``None``
+        (no keys) or one checked key or ``None`` per payload: an item whose
+        key a live row of this queue holds (or an earlier item) is not
+        inserted and gets that row's id, race-free (docs/contract.md §3
+        "Unique keys")."""
 
     @abc.abstractmethod
-    def _insert_tx(self, conn: Any, resolved: Resolved, payload: EncodedPayload) -> int:
+    def _insert_tx(
+        self, conn: Any, resolved: Resolved, payload: EncodedPayload, unique_key: str | None
+    ) -> int:
         """As :meth:`_insert` for one row, through the caller's ``conn``,
         never committing it. Check ``conn`` before any statement and raise
         ``ValidationError`` if it is unusable or not in a transaction."""

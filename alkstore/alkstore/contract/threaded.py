@@ -270,11 +270,18 @@ class ThreadedAsyncQueue(AsyncQueue):
         self._threaded = store
         self._sync = sync
 
-    async def _insert(self, resolved: Resolved, payloads: Sequence[EncodedPayload]) -> list[int]:
-        return await self._threaded._run(self._sync._insert, resolved, payloads)
+    async def _insert(
+        self,
+        resolved: Resolved,
+        payloads: Sequence[EncodedPayload],
+        unique_keys: Sequence[str | None] | None,
+    ) -> list[int]:
+        return await self._threaded._run(self._sync._insert, resolved, payloads, unique_keys)
 
-    async def _insert_tx(self, conn: Any, resolved: Resolved, payload: EncodedPayload) -> int:
-        return await self._threaded._run(self._sync._insert_tx, conn, resolved, payload)
+    async def _insert_tx(
+        self, conn: Any, resolved: Resolved, payload: EncodedPayload, unique_key: str | None
+    ) -> int:
+        return await self._threaded._run(self._sync._insert_tx, conn, resolved, payload, unique_key)
 
     async def _claim(self, worker_id: str, n: int) -> list[AsyncJobHandle]:
         handles = await self._threaded._run(self._sync._claim, worker_id, n)

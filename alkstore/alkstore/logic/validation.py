@@ -10,6 +10,7 @@ import math
 import re
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 from alkstore.errors import ValidationError
 
@@ -27,6 +28,8 @@ __all__ = [
     "job_id",
     "job_ids",
     "queue_name",
+    "unique_key",
+    "unique_keys",
     "worker_id",
 ]
 
@@ -43,6 +46,8 @@ MIN_INSTANT = datetime(1900, 1, 1, tzinfo=UTC)
 MAX_INSTANT = datetime(9000, 1, 1, tzinfo=UTC)
 MAX_QUEUE_NAME_CHARS = 128
 MAX_WORKER_ID_CHARS = 255
+#: The longest unique key, in characters (docs/contract.md §3 "Unique keys").
+MAX_UNIQUE_KEY_CHARS = 255
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
 
@@ -237,6 +242,21 @@ def queue_name(name: object, what: str = "queue name") -> str:
     return name
 
 
+def _stored_text(value: object, what: str, max_chars: int) -> str:
+    # One rule for the text an engine stores verbatim as UTF-8 and matches
+    # exactly: a worker id, a unique key.
+    if not isinstance(value, str):
+        raise ValidationError(f"{what} must be a str, not {type(value).__name__}")
+    if not 1 <= len(value) <= max_chars:
+        raise ValidationError(f"{what} must be 1 to {max_chars} characters, got {len(value)}")
+    if _UNSTORABLE.search(value):
+        raise ValidationError(
+            f"{what} {value!r} holds a NUL character or a lone surrogate; "
+            "it is stored as UTF-8 text"
+        )
+    return value
+
+
 def worker_id(value: object) -> str:
     """Check a ``worker_id``: a ``str`` of 1 to 255 characters, none of them
     NUL or a lone surrogate (it is stored verbatim as UTF-8 text, which
@@ -247,18 +267,48 @@ def worker_id(value: object) -> str:
     ValidationError
         Otherwise.
     """
-    if not isinstance(value, str):
-        raise ValidationError(f"worker_id must be a str, not {type(value).__name__}")
-    if not 1 <= len(value) <= MAX_WORKER_ID_CHARS:
+    return _stored_text(value, "worker_id", MAX_WORKER_ID_CHARS)
+
+
+def unique_key(value: object, what: str = "unique_key") -> str | None:
+    """Check an enqueue's ``unique_key``: ``None`` (no key), or a ``str`` of
+    1 to 255 characters, none of them NUL or a lone surrogate, as
+    :func:`worker_id` (docs/contract.md §3 "Unique keys").
+
+    Raises
+    ------
+    ValidationError
+        Otherwise.
+    """
+    return None if value is None else _stored_text(value, what, MAX_UNIQUE_KEY_CHARS)
+
+
+def unique_keys(value: object, count: int) -> list[str | None] | None:
+    """Check ``enqueue_many``'s ``unique_keys``: ``None``, or a collection
+    of ``count`` items, one per payload, each ``None`` or a key as
+    :func:`unique_key`. Returns ``None`` when no item has a key.
+
+    Raises
+    ------
+    ValidationError
+        For a ``str``, a non-collection, a length other than ``count``, or
+        a bad item (the message starts with its index, ``unique_keys[3]:``).
+    """
+    if value is None:
+        return None
+    if not is_collection(value):
         raise ValidationError(
-            f"worker_id must be 1 to {MAX_WORKER_ID_CHARS} characters, got {len(value)}"
+            "unique_keys must be a list with one key (or None) per payload, "
+            f"not {type(value).__name__}"
         )
-    if _UNSTORABLE.search(value):
+    keys = list(cast(Iterable[object], value))
+    if len(keys) != count:
         raise ValidationError(
-            f"worker_id {value!r} holds a NUL character or a lone surrogate; "
-            "it is stored as UTF-8 text"
+            f"unique_keys must have one key (or None) per payload: {count} payloads, "
+            f"{len(keys)} keys"
         )
-    return value
+    checked = [unique_key(key, f"unique_keys[{i}]") for i, key in enumerate(keys)]
+    return checked if any(key is not None for key in checked) else None
 
 
 def job_id(value: object) -> int:

@@ -66,6 +66,8 @@ DEAD_JOBS = sql.SQL("""
 # One statement: the job leaves the dead table and enters the live one in
 # the same commit, so every snapshot sees it in exactly one of them. Its
 # row lock makes concurrent requeues of one job wait, then find it gone.
+# A job whose unique key a live job holds is not inserted, and so not
+# deleted: it stays dead.
 # The id is the job's own (OVERRIDING: the identity never hands it out
 # again). An expiring job gets its original expiry duration (expires_at -
 # enqueued_at, always > 0) again from its new run_at, as exact seconds: an
@@ -74,22 +76,26 @@ DEAD_JOBS = sql.SQL("""
 # claim's (id, attempts) identity, and its budget is renewed by raising
 # max_attempts by its own size (D21).
 REQUEUE = sql.SQL("""
-    WITH moved AS (
-        DELETE FROM {dead} WHERE id = %(id)s AND queue = %(queue)s
-        RETURNING id, queue, payload, content_type, priority, run_at, expires_at,
-                  enqueued_at, attempts, max_attempts, visibility_timeout_s,
-                  backoff_base_s, backoff_cap_s, last_error
+    WITH found AS (
+        SELECT id, queue, payload, content_type, priority, run_at, expires_at,
+               enqueued_at, attempts, max_attempts, visibility_timeout_s,
+               backoff_base_s, backoff_cap_s, last_error, unique_key
+        FROM {dead} WHERE id = %(id)s AND queue = %(queue)s
+        FOR UPDATE
     ), ins AS (
         INSERT INTO {jobs} (id, queue, state, payload, content_type, priority, run_at,
             expires_at, enqueued_at, attempts, max_attempts, visibility_timeout_s,
-            backoff_base_s, backoff_cap_s, last_error)
+            backoff_base_s, backoff_cap_s, last_error, unique_key)
         OVERRIDING SYSTEM VALUE
         SELECT id, queue, %(state)s, payload, content_type, priority, %(run_at)s,
                %(run_at)s + make_interval(secs => extract(epoch FROM expires_at - enqueued_at)),
                enqueued_at, attempts, least(attempts::bigint + max_attempts, 2147483647),
-               visibility_timeout_s, backoff_base_s, backoff_cap_s, last_error
-        FROM moved
-        RETURNING 1
+               visibility_timeout_s, backoff_base_s, backoff_cap_s, last_error, unique_key
+        FROM found
+        ON CONFLICT (queue, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+        RETURNING id
+    ), moved AS (
+        DELETE FROM {dead} WHERE id IN (SELECT id FROM ins)
     ), wake AS (
         SELECT pg_notify(%(channel)s, '') FROM ins
     )

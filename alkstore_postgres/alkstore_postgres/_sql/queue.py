@@ -31,6 +31,7 @@ __all__ = [
     "GET_JOB",
     "INSERT",
     "INSERT_MANY",
+    "INSERT_UNIQUE",
     "INT64_MAX",
     "INT64_MIN",
     "LAPSED_CLAIMS",
@@ -38,10 +39,12 @@ __all__ = [
     "POWER_OF_TWO_N_MAX",
     "STATS",
     "SWEEP_EXPIRED",
+    "UNIQUE_ATTEMPTS",
     "claim_is_prepared",
     "claim_order",
     "claim_query",
     "insert",
+    "insert_unique",
     "inserted_ids",
     "stamps",
     "sweep_params",
@@ -80,6 +83,37 @@ INSERT = Statement(
 """),
     columns=_COLUMNS,
 )
+
+# A job with a unique key (docs/contract.md §3 "Unique keys"): the partial
+# unique index jobs_unique decides, so two enqueues of one key never both
+# store a row; one whose key another transaction is inserting waits for
+# that transaction's end. Stored nothing: the row holding the key, as the
+# statement's snapshot shows it. A holder that committed after the snapshot
+# was taken (the insert waited for it) is not in it, and nor is one deleted
+# since: then no row comes back, and the caller runs the statement again,
+# with a new snapshot (UNIQUE_ATTEMPTS). Parameters: as INSERT's, then the
+# key, then the queue and the key again.
+INSERT_UNIQUE = Statement(
+    sql.SQL("""
+    WITH ins AS (
+        INSERT INTO {jobs} ({columns}, unique_key)
+        VALUES (%s, %s, %s, %s, %s, %s, %s::timestamptz, %s, %s, %s, %s, %s, %s)
+        ON CONFLICT (queue, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+        RETURNING id
+    ), wake AS (
+        SELECT pg_notify(%s, '') FROM ins
+    )
+    SELECT ins.id FROM ins, wake
+    UNION ALL
+    SELECT id FROM {jobs}
+    WHERE queue = %s AND unique_key = %s AND NOT EXISTS (SELECT FROM ins)
+"""),
+    columns=_COLUMNS,
+)
+#: How many times :data:`INSERT_UNIQUE` runs before giving up: each run
+#: after the first has a snapshot in which the holder it met is visible,
+#: so a second run fails only when the key changed hands again in between.
+UNIQUE_ATTEMPTS = 5
 
 # One round trip for any number of jobs: the payloads travel as one bytea
 # array, and their content types as one value when they share it (then the
@@ -461,6 +495,26 @@ def insert(
         ByteaArray([p.data for p in payloads]),
         [] if shared else [p.content_type for p in payloads],
         channel,
+    )
+
+
+def insert_unique(
+    queue: str, channel: str, resolved: Resolved, payload: EncodedPayload, unique_key: str
+) -> tuple[Statement, tuple[Any, ...]]:
+    """The enqueue of one job with ``unique_key``: :data:`INSERT_UNIQUE` and
+    its parameters; its row, if any, holds the id."""
+    state = "scheduled" if resolved.run_at > resolved.enqueued_at else "pending"
+    data, content_type = payload
+    return INSERT_UNIQUE, (
+        queue,
+        state,
+        data,
+        content_type,
+        *stamps(resolved),
+        unique_key,
+        channel,
+        queue,
+        unique_key,
     )
 
 

@@ -58,6 +58,7 @@ from alkstore_contract_tests.suite.schedules import (
 )
 from alkstore_contract_tests.suite.stateful import StatefulTests
 from alkstore_contract_tests.suite.transactional import TransactionalEnqueueTests
+from alkstore_contract_tests.suite.unique import UniqueKeyConcurrencyTests, UniqueKeyTests
 from alkstore_contract_tests.suite.validation import ValidationTests
 from alkstore_contract_tests.suite.wake import WakeTests
 from alkstore_contract_tests.suite.worker import WorkerTests
@@ -108,6 +109,8 @@ __all__ = [
     "ThreadConcurrencyTests",
     "TimeTests",
     "TransactionalEnqueueTests",
+    "UniqueKeyConcurrencyTests",
+    "UniqueKeyTests",
     "ValidationTests",
     "WakeTests",
     "WorkerTests",
@@ -137,6 +140,7 @@ class ContractSuite(
     IsolationTests,
     WakeTests,
     TransactionalEnqueueTests,
+    UniqueKeyTests,
     PauseTests,
     DeadLetterOpsTests,
     QueueNamesTests,
@@ -148,6 +152,7 @@ class ContractSuite(
     SchemaTests,
     HandedCaseTests,
     ThreadConcurrencyTests,
+    UniqueKeyConcurrencyTests,
     AtomicMoveTests,
     ProcessConcurrencyTests,
     ForkTests,

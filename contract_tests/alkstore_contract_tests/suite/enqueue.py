@@ -49,6 +49,7 @@ class OptionResolutionTests(ContractFixtures):
             claim_deadline=None,
             last_error=None,
             died_at=None,
+            unique_key=None,
         )
         assert job(queue, job_id).payload == {"a": 1}
 

@@ -79,6 +79,8 @@ _index = st.integers(0, 10_000)
 #: paths (a due job, one that came due, a reclaim), where only ``id``
 #: orders them.
 _tie = st.none() | _index
+#: Few keys, so enqueues often meet a live holder (docs/contract.md §3 "Unique keys").
+_key = st.none() | st.sampled_from(["k1", "k2"])
 _invalid = st.booleans()
 
 _run = itertools.count()
@@ -179,6 +181,7 @@ class QueueMachine(RuleBasedStateMachine):
                 max_attempts=max_attempts,
                 expires=expires,
                 tie=None,
+                key=None,
             )
 
     @rule(
@@ -191,6 +194,7 @@ class QueueMachine(RuleBasedStateMachine):
         max_attempts=_max_attempts,
         expires=_expires,
         tie=_tie,
+        key=_key,
     )
     def enqueue(
         self,
@@ -204,9 +208,11 @@ class QueueMachine(RuleBasedStateMachine):
         max_attempts: int | None,
         expires: int | None,
         tie: int | None,
+        key: str | None,
     ) -> None:
         """``enqueue`` or ``enqueue_many``; with ``tie``, ``run_at`` is an
-        instant where a live row is due, or now (``delay`` still wins)."""
+        instant where a live row is due, or now (``delay`` still wins); with
+        ``key``, ``enqueue_many`` gives it to its first and last items."""
         queue, name = self.q(via)
         options: dict[str, Any] = {
             "priority": priority,
@@ -218,24 +224,32 @@ class QueueMachine(RuleBasedStateMachine):
             instants = sorted({self.clock(), *(row.run_at for row in self.model.live.values())})
             options["run_at"] = instants[tie % len(instants)]
         payloads = [payload] * count if many else [payload]
+        keys: list[str | None] = [None] * len(payloads)
+        if key is not None and payloads:
+            keys[0] = keys[-1] = key
+        keyed = {"unique_keys": keys} if many else {"unique_key": key}
         try:
             resolution = self.model.resolve(self.clock(), queue.opts, **options)
         except ValidationError:
             refused: Callable[[], object] = (
-                (lambda: queue.enqueue_many(payloads, **options))
+                (lambda: queue.enqueue_many(payloads, **options, **keyed))
                 if many
-                else (lambda: queue.enqueue(payload, **options))
+                else (lambda: queue.enqueue(payload, **options, **keyed))
             )
             with pytest.raises(ValidationError):
                 refused()
             return
         ids = (
-            queue.enqueue_many(payloads, **options) if many else [queue.enqueue(payload, **options)]
+            queue.enqueue_many(payloads, **options, **keyed)
+            if many
+            else [queue.enqueue(payload, **options, **keyed)]
         )
         assert len(ids) == len(payloads)
-        assert all(i not in self.ids for i in ids), "an id was reused"
-        assert ids == sorted(ids)
-        self.model.insert(name, ids, payloads, resolution)
+        held = {self.model.holder(name, k) for k in keys if k is not None} - {None}
+        new = list(dict.fromkeys(i for i in ids if i not in held))
+        assert all(i not in self.ids for i in new), "an id was reused"
+        assert new == sorted(new)
+        assert ids == self.model.insert(name, ids, payloads, resolution, keys)
         for i in ids:
             self.ids[i] = name
 
