@@ -482,6 +482,70 @@ def test_a_misspelled_option_names_the_keyword(app: App) -> None:
         task.options(dealy=5)  # type: ignore[call-arg]
 
 
+# -- unique jobs (docs/tasks-and-workers.md "Unique jobs") -------------------------
+
+
+def test_a_task_unique_by_its_arguments_keeps_one_live_job_per_call(app: App) -> None:
+    task = app.task(unique_key=True)(add)
+    first = task.enqueue(1, b=2)
+    assert task.enqueue(1, 2) == first  # the same call, bound to the signature
+    assert task.enqueue(a=1, b=2) == first
+    other = task.enqueue(1)
+    assert other != first
+    assert task.enqueue(1, b=0) == other  # the default applied
+    queue = app.queue("default")
+    key = queue.get_job(first).unique_key  # type: ignore[union-attr]
+    assert key is not None
+    assert len(key) == 64
+    assert int(key, 16) >= 0
+    assert queue.stats().pending == 2
+    handle = queue.claim_one("w")
+    assert handle is not None
+    assert handle.ack()
+    assert task.enqueue(1, b=2) not in (first, other)  # its key is free again
+
+
+def test_a_task_with_a_fixed_key_has_one_live_job_and_options_can_override_it(
+    app: App,
+) -> None:
+    task = app.task(unique_key="nightly-report")(add)
+    first = task.enqueue(1)
+    assert task.enqueue(2) == first
+    assert task.options(unique_key="other").enqueue(3) != first
+    assert task.options(priority=5).enqueue(4) == first  # the rule survives options()
+    assert app.queue("default").stats().pending == 2
+
+
+def test_a_key_rule_is_called_with_the_enqueue_arguments(app: App) -> None:
+    seen: list[tuple[object, ...]] = []
+
+    def by_user(a: int, b: int = 0) -> str | None:
+        seen.append((a, b))
+        return None if a < 0 else f"user:{a}"
+
+    task = app.task(unique_key=by_user)(add)
+    first = task.enqueue(7, b=1)
+    assert task.enqueue(7, b=2) == first
+    assert task.enqueue(-1) != task.enqueue(-1)  # no key: two jobs
+    ids = task.enqueue_many([[7], [8], [8, 1], [-1]])
+    assert ids[0] == first
+    assert ids[1] == ids[2] != first
+    assert len(set(ids)) == 3
+    assert seen[:2] == [(7, 1), (7, 2)]
+
+
+def test_bad_unique_rules_and_keys_are_refused(app: App) -> None:
+    for bad in (7, b"k", "", "k" * 256):
+        with pytest.raises(ValidationError, match="unique_key"):
+            app.task(name=f"bad{bad!r}", unique_key=bad)(add)
+    with pytest.raises(ValidationError, match="unique_key"):
+        app.task(add).options(unique_key="")
+    task = app.task(name="returns_an_int", unique_key=lambda a, b=0: a)(add)
+    with pytest.raises(ValidationError, match="unique_key rule"):
+        task.enqueue(1)
+    assert app.queue("default").stats().pending == 0
+
+
 # -- relays (docs/outbox.md) ----------------------------------------------------
 
 

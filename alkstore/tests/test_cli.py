@@ -151,6 +151,21 @@ def test_migrate_then_enqueue_stats_and_job(project: Path, url: str) -> None:
     assert as_json["run_at"].endswith("+00:00")
 
 
+def test_enqueue_with_a_unique_key_prints_the_live_jobs_id(project: Path, url: str) -> None:
+    def enqueue(*extra: str) -> subprocess.CompletedProcess[str]:
+        return command(project, "--url", url, "enqueue", "mail", '"x"', *extra)
+
+    first = ok(enqueue("--unique-key", "user:7")).strip()
+    assert ok(enqueue("--unique-key", "user:7", "--priority", "9")).strip() == first
+    assert ok(enqueue("--unique-key", "user:8")).strip() != first
+    shown = ok(command(project, "--url", url, "job", first, "-q", "mail"))
+    fields = dict(line.split(None, 1) for line in shown.splitlines())
+    assert (fields["unique_key"], fields["priority"]) == ("user:7", "0")
+    refused = enqueue("--unique-key", "")
+    assert refused.returncode == 1
+    assert "unique_key must be 1 to 255 characters" in refused.stderr
+
+
 def make_sqlite_version_1(path: Path) -> None:
     """Replace the store at ``path`` by an empty one as version 1 of the
     code made it."""

@@ -314,6 +314,7 @@ def test_the_tasks_and_workers_page_runs_as_written(tmp_path: Path) -> None:
     assert [b.code.split("\n", 1)[0] for b in blocks if b.language == "python"] == [
         "# jobs.py",
         "# enqueue.py",
+        "# unique.py",
         "# reports.py",
         "# ajobs.py",
         "# web.py",
@@ -322,6 +323,10 @@ def test_the_tasks_and_workers_page_runs_as_written(tmp_path: Path) -> None:
     import_has_no_side_effects(folder, "jobs", tmp_path)
     import_has_no_side_effects(folder, "ajobs", tmp_path)
     import_has_no_side_effects(folder, "reports", tmp_path)
+    import_has_no_side_effects(folder, "unique", tmp_path)
+    # "Unique jobs": one live job per key.
+    unique = run_python(folder, "import runpy\nrunpy.run_path('unique.py', run_name='__main__')")
+    assert unique.splitlines() == ["True", "True", "True", "False"]
     # "Job context": reports.py's task gets its job's context.
     report = run_python(
         folder,

@@ -60,6 +60,11 @@ STATS_COLUMNS = ("pending", "scheduled", "processing", "lapsed", "dead")
 @click.option("--max-attempts", type=MAX_ATTEMPTS, help="Claims the job may consume.")
 @EXPIRES
 @click.option(
+    "--unique-key",
+    metavar="KEY",
+    help="While a live job of QUEUE holds KEY, store nothing and print its id.",
+)
+@click.option(
     "--app",
     "app_spec",
     envvar=APP_ENV,
@@ -77,6 +82,7 @@ def enqueue(
     priority: int | None,
     max_attempts: int | None,
     expires: float | None,
+    unique_key: str | None,
     app_spec: str | None,
 ) -> None:
     """Add a job whose payload is JSON to QUEUE; print its id.
@@ -97,6 +103,7 @@ def enqueue(
         # Everything enqueue would refuse, before the store opens (and so
         # before a mistyped queue name creates a database file).
         v.queue_name(queue_name)
+        v.unique_key(unique_key)
         if app_spec:
             app = ctx.app(app_spec)
             elsewhere = _check_task(app, app_spec, queue_name, value)
@@ -104,12 +111,12 @@ def enqueue(
             with app:
                 if not elsewhere:  # that warning names the queue already
                     warn_unknown_queues(app.store, [queue_name], app, app_spec)
-                job_id = app.queue(queue_name).enqueue(value, **options)
+                job_id = app.queue(queue_name).enqueue(value, **options, unique_key=unique_key)
         else:
             _check_enqueue(value, options, QueueOpts())
             with ctx.open() as store:
                 warn_unknown_queues(store, [queue_name], None, None)
-                job_id = store.queue(queue_name).enqueue(value, **options)
+                job_id = store.queue(queue_name).enqueue(value, **options, unique_key=unique_key)
     click.echo(job_id)
 
 

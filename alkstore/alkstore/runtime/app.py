@@ -26,7 +26,7 @@ from alkstore.logic import validation as v
 from alkstore.logic.callbacks import handler_kind
 from alkstore.logic.options import QueueOpts
 from alkstore.runtime.outbox import Outbox, Send
-from alkstore.runtime.task import Task, default_task_name
+from alkstore.runtime.task import Task, UniqueRule, check_unique_rule, default_task_name
 
 if TYPE_CHECKING:
     import asyncio
@@ -508,6 +508,7 @@ class App:
         queue: str = DEFAULT_QUEUE,
         name: str | None = None,
         takes_context: Literal[False] = False,
+        unique_key: UniqueRule = None,
         **queue_opts: Any,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
     @overload
@@ -517,6 +518,7 @@ class App:
         queue: str = DEFAULT_QUEUE,
         name: str | None = None,
         takes_context: Literal[True],
+        unique_key: UniqueRule = None,
         **queue_opts: Any,
     ) -> Callable[[Callable[Concatenate[JobContext, P], R]], Task[P, R]]: ...
     def task(
@@ -526,6 +528,7 @@ class App:
         queue: str = DEFAULT_QUEUE,
         name: str | None = None,
         takes_context: bool = False,
+        unique_key: UniqueRule = None,
         **queue_opts: Any,
     ) -> Task[P, R] | Callable[[Callable[..., R]], Task[P, R]]:
         """Register a function as a task: ``@app.task`` or
@@ -546,6 +549,14 @@ class App:
             ``enqueue`` and its twins then take the arguments without it.
             The :class:`Task` is typed by those (the enqueue arguments), so
             a type checker wants a plain call as ``task.func(context, ...)``.
+        unique_key
+            The task's unique jobs (docs/tasks-and-workers.md "Unique
+            jobs"): ``True`` keeps one live job per distinct call (a hash
+            of the task's name and its bound arguments), a ``str`` one live
+            job of the task, a function of the enqueue arguments returning
+            a key (or ``None``) one per key; enqueueing a call whose key a
+            live job holds stores nothing and returns that job's id
+            (docs/contract.md §3 "Unique keys").
         **queue_opts
             :class:`QueueOpts` fields for the queue (``visibility_timeout_s``,
             ``max_attempts``, ``backoff_base_s`` ...), stamped on every job
@@ -566,9 +577,11 @@ class App:
             A coroutine function (``async def``) is an async task: a worker
             awaits it on its event loop (docs/tasks-and-workers.md). With
             ``takes_context``, a function without a positional first
-            parameter; a ``takes_context`` that is not a bool.
+            parameter; a ``takes_context`` that is not a bool; a
+            ``unique_key`` that is none of those, or a bad key.
         """
         v.queue_name(queue)
+        rule = check_unique_rule(unique_key)
         opts = self._check_queue_opts(queue_opts) if queue_opts else None
         if not isinstance(takes_context, bool):
             raise ValidationError(
@@ -584,7 +597,7 @@ class App:
                 raise ValidationError("a task name must be a non-empty str")
             # Made first: its checks (the context's parameter) change nothing.
             created: Task[P, R] = Task(
-                self, function, task_name, queue, takes_context=takes_context
+                self, function, task_name, queue, takes_context=takes_context, unique_key=rule
             )
             with self._lock:
                 if task_name in self._tasks:

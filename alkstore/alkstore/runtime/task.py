@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
 import inspect
+import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -24,13 +26,48 @@ from alkstore.logic.resolution import enqueue_options
 if TYPE_CHECKING:
     from alkstore.runtime.app import App
 
-__all__ = ["TaskCall", "Task", "default_task_name", "parse_task_payload", "task_payload"]
+__all__ = [
+    "Task",
+    "TaskCall",
+    "UniqueRule",
+    "check_unique_rule",
+    "default_task_name",
+    "parse_task_payload",
+    "task_payload",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 #: The keywords of :meth:`Task.options` (and of :meth:`Queue.enqueue`).
-ENQUEUE_OPTIONS = ("delay", "run_at", "priority", "max_attempts", "expires")
+ENQUEUE_OPTIONS = ("delay", "run_at", "priority", "max_attempts", "expires", "unique_key")
+
+#: A task's rule for its jobs' unique keys (:meth:`App.task`'s ``unique_key``):
+#: ``True`` (one live job per distinct call), a key (one live job of the
+#: task), or a function of the call's arguments returning a key or ``None``.
+UniqueRule = bool | str | Callable[..., str | None] | None
+
+
+def check_unique_rule(rule: object) -> UniqueRule:
+    """Check :meth:`App.task`'s ``unique_key``: ``None`` or ``False`` (no
+    key), ``True``, a key (``str``, docs/contract.md §3 "Unique keys") or a
+    callable.
+
+    Raises
+    ------
+    ValidationError
+        Otherwise.
+    """
+    if rule is None or rule is False:
+        return None
+    if rule is True or callable(rule):
+        return rule
+    if isinstance(rule, str):
+        return v.unique_key(rule)
+    raise ValidationError(
+        "a task's unique_key must be True, a key (str) or a function of the task's "
+        f"arguments returning one, not {type(rule).__name__}"
+    )
 
 
 def task_payload(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -178,6 +215,13 @@ class Task(Generic[P, R]):
         ones (docs/tasks-and-workers.md "Job context"). Enqueueing then
         takes the arguments without it, checked against the function's
         signature less its first parameter.
+    unique_key
+        The rule giving each job a unique key (docs/tasks-and-workers.md
+        "Unique jobs"): ``None``; ``True``, one live job per distinct call
+        (the key is the SHA-256 of the task's name and its arguments bound
+        to the signature, defaults applied, as canonical JSON); a ``str``,
+        one live job of the task at a time; or a function called with the
+        enqueue arguments, returning the key or ``None``.
 
     Raises
     ------
@@ -197,6 +241,7 @@ class Task(Generic[P, R]):
         enqueue_opts: Mapping[str, object] | None = None,
         *,
         takes_context: bool = False,
+        unique_key: object = None,
     ) -> None:
         if not isinstance(takes_context, bool):
             raise ValidationError(
@@ -208,6 +253,7 @@ class Task(Generic[P, R]):
         self.queue = queue
         self.is_async = handler_kind(func, "a task") == "async"
         self.takes_context = takes_context
+        self.unique_key: UniqueRule = check_unique_rule(unique_key)
         self._enqueue_opts: dict[str, object] = dict(enqueue_opts or {})
         try:
             self._signature: inspect.Signature | None = inspect.signature(func)
@@ -241,6 +287,7 @@ class Task(Generic[P, R]):
         priority: object = None,
         max_attempts: object = None,
         expires: object = None,
+        unique_key: object = None,
     ) -> Task[P, R]:
         """Return a copy whose :meth:`enqueue` and :meth:`enqueue_tx` use
         these per-job options (Celery's ``apply_async`` options, RQ's
@@ -260,6 +307,10 @@ class Task(Generic[P, R]):
         expires
             Seconds or ``timedelta`` after the enqueue instant at which the
             job expires unrun.
+        unique_key
+            A ``str`` of 1 to 255 characters: while a live job of the queue
+            holds it, enqueueing stores nothing and returns that job's id
+            (docs/contract.md §3 "Unique keys"). Wins over the task's rule.
 
         Returns
         -------
@@ -278,10 +329,18 @@ class Task(Generic[P, R]):
             "max_attempts": max_attempts,
             "expires": expires,
         }
+        if unique_key is not None:
+            given["unique_key"] = v.unique_key(unique_key)
         merged = {**self._enqueue_opts, **{k: v for k, v in given.items() if v is not None}}
-        enqueue_options(**merged)
+        enqueue_options(**{k: v for k, v in merged.items() if k != "unique_key"})
         return Task(
-            self.app, self.func, self.name, self.queue, merged, takes_context=self.takes_context
+            self.app,
+            self.func,
+            self.name,
+            self.queue,
+            merged,
+            takes_context=self.takes_context,
+            unique_key=self.unique_key,
         )
 
     def check_call(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
@@ -349,7 +408,7 @@ class Task(Generic[P, R]):
             As :meth:`Queue.enqueue`.
         """
         payload = self.payload(*args, **kwargs)
-        return self.app.queue(self.queue).enqueue(payload, **self._enqueue_opts)
+        return self.app.queue(self.queue).enqueue(payload, **self._options_for(args, kwargs))
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> int:
         """:meth:`enqueue` for async code, through the app's async store
@@ -362,8 +421,9 @@ class Task(Generic[P, R]):
             store is opened.
         """
         payload = self.payload(*args, **kwargs)
+        options = self._options_for(args, kwargs)
         queue = await self.app.aqueue(self.queue)
-        return await queue.enqueue(payload, **self._enqueue_opts)
+        return await queue.enqueue(payload, **options)
 
     def enqueue_tx(self, conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> int:
         """Store the job inside the caller's open transaction on ``conn``
@@ -390,7 +450,8 @@ class Task(Generic[P, R]):
             transaction; the caller's transaction is left as it was.
         """
         payload = self.payload(*args, **kwargs)
-        return self.app.queue(self.queue).enqueue_tx(conn, payload, **self._enqueue_opts)
+        options = self._options_for(args, kwargs)
+        return self.app.queue(self.queue).enqueue_tx(conn, payload, **options)
 
     async def aenqueue_tx(self, conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> int:
         """:meth:`enqueue_tx` for async code (:meth:`AsyncQueue.enqueue_tx`):
@@ -407,8 +468,9 @@ class Task(Generic[P, R]):
             docs/async.md).
         """
         payload = self.payload(*args, **kwargs)
+        options = self._options_for(args, kwargs)
         queue = await self.app.aqueue(self.queue)
-        return await queue.enqueue_tx(conn, payload, **self._enqueue_opts)
+        return await queue.enqueue_tx(conn, payload, **options)
 
     def enqueue_many(self, calls: Iterable[Sequence[Any]]) -> list[int]:
         """Store one job per item of ``calls``, each item the positional
@@ -429,8 +491,8 @@ class Task(Generic[P, R]):
             message names the item (``calls[3]: ...``, ``payloads[3]: ...``
             for a refused argument); nothing is stored.
         """
-        payloads = self._payloads(calls)
-        return self.app.queue(self.queue).enqueue_many(payloads, **self._enqueue_opts)
+        payloads, options = self._many(calls)
+        return self.app.queue(self.queue).enqueue_many(payloads, **options)
 
     async def aenqueue_many(self, calls: Iterable[Sequence[Any]]) -> list[int]:
         """:meth:`enqueue_many` for async code: the same checks, errors and
@@ -441,9 +503,63 @@ class Task(Generic[P, R]):
         ValidationError, StoreClosedError, EngineError
             As :meth:`enqueue_many`.
         """
-        payloads = self._payloads(calls)
+        payloads, options = self._many(calls)
         queue = await self.app.aqueue(self.queue)
-        return await queue.enqueue_many(payloads, **self._enqueue_opts)
+        return await queue.enqueue_many(payloads, **options)
+
+    def _key_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+        """The unique key of one call: the per-job ``options(unique_key=)``,
+        else the task's rule's (``None`` for none)."""
+        given = self._enqueue_opts.get("unique_key")
+        if given is not None:
+            return given  # type: ignore[return-value]
+        rule = self.unique_key
+        if rule is None or isinstance(rule, str):
+            return rule
+        if rule is True:
+            return self._call_digest(args, kwargs)
+        assert callable(rule)
+        return v.unique_key(rule(*args, **kwargs), f"task {self.name!r}'s unique_key rule result")
+
+    def _call_digest(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """SHA-256 (hex) of the task's name and the call's arguments bound to
+        the signature with defaults applied, as canonical JSON: ``f(1)`` and
+        ``f(a=1)`` are one call."""
+        arguments: object = {"args": list(args), "kwargs": dict(kwargs)}
+        if self._signature is not None:
+            bound = self._signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            arguments = bound.arguments
+        try:
+            text = json.dumps(
+                {"task": self.name, "arguments": arguments},
+                sort_keys=True,
+                separators=(",", ":"),
+                ensure_ascii=False,
+                allow_nan=False,
+            )
+        except (TypeError, ValueError):
+            # Not JSON: the payload codec refuses the call with its own
+            # message; this key is never stored.
+            return "unencodable"
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+    def _options_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, object]:
+        """The enqueue options of one call: the per-job ones and its key."""
+        key = self._key_for(args, kwargs)
+        return {**self._enqueue_opts, "unique_key": key}
+
+    def _many(self, calls: Iterable[Sequence[Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """:meth:`enqueue_many`'s payloads and its options, with one key
+        per call (``unique_keys``)."""
+        payloads = self._payloads(calls)
+        options: dict[str, Any] = {
+            k: value for k, value in self._enqueue_opts.items() if k != "unique_key"
+        }
+        keys = [self._key_for(p["args"], {}) for p in payloads]
+        if any(key is not None for key in keys):
+            options["unique_keys"] = keys
+        return payloads, options
 
     def _payloads(self, calls: Iterable[Sequence[Any]]) -> list[dict[str, Any]]:
         """The payloads of :meth:`enqueue_many`'s ``calls``, each checked."""
