@@ -114,6 +114,7 @@ NAMES = {
     "AsyncConnection": "Connection",
     "AsyncConnectionPool": "ConnectionPool",
     "AsyncRawCursor": "RawCursor",
+    "AsyncCursor": "Cursor",
     # The PostgreSQL engine's classes.
     "AsyncPostgresStore": "PostgresStore",
     "AsyncDatabase": "Database",

@@ -208,11 +208,11 @@ def test_a_bug_around_an_async_job_frees_its_slot_and_leaves_it_to_lapse(
             raise RuntimeError("a bug on the loop")
         return real_resolve(self, handle)
 
-    def conclude(self: Worker, handle: Any, *args: Any) -> Any:
+    def conclude(self: Worker, handle: Any, *args: Any, **kwargs: Any) -> Any:
         if handle.id == job_ids[1]:
             calls.append("conclude")
             raise RuntimeError("a bug on the outcome thread")
-        return real_conclude(self, handle, *args)
+        return real_conclude(self, handle, *args, **kwargs)
 
     monkeypatch.setattr(Worker, "_resolve", resolve)
     monkeypatch.setattr(Worker, "_conclude", conclude)

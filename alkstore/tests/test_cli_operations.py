@@ -95,6 +95,45 @@ def test_cancel_deletes_a_live_job_and_exits_1_when_there_is_none(project: Path,
     assert "cancel" in ok(command(project, "--help"))
 
 
+# -- retry ----------------------------------------------------------------------
+
+
+def test_retry_requeues_a_dead_job_or_makes_a_waiting_one_due(project: Path, url: str) -> None:
+    """``retry ID``: a dead job is requeued, one waiting out its backoff is
+    made due now; a running or due job is refused, saying why, exit 1."""
+    (dead_id,) = bury(url, "mail", ["boom"])
+    with alkstore.open(url) as store:
+        mail = store.queue("mail")
+        backing_off = mail.enqueue({"n": 1})
+        running = mail.enqueue({"n": 2})
+        first = mail.claim_one("w")
+        assert first is not None
+        assert first.id == backing_off
+        assert first.retry("busy", delay=3600)
+        assert claim_exactly(mail, running).id == running
+        due = mail.enqueue({"n": 3})
+
+    assert ok(run(project, url, "retry", str(dead_id))) == (
+        f"requeued dead job {dead_id} of 'mail': due now\n"
+    )
+    assert ok(run(project, url, "retry", str(backing_off), "-q", "mail")) == (
+        f"job {backing_off} of 'mail' is due now\n"
+    )
+    line = one_line_error(run(project, url, "retry", str(running)))
+    assert line == f"Error: job {running} of 'mail' was not retried: it is running"
+    line = one_line_error(run(project, url, "retry", str(due)))
+    assert line == f"Error: job {due} of 'mail' was not retried: it is due already"
+    line = one_line_error(run(project, url, "retry", "999", "-q", "mail"))
+    assert line == "Error: no job 999 in queue(s) mail"
+    with read(url) as store:
+        mail = store.queue("mail")
+        for job_id in (dead_id, backing_off):
+            job = mail.get_job(job_id)
+            assert job is not None
+            assert job.state == "pending"
+        assert mail.stats().scheduled == 0
+
+
 # -- pause, resume -------------------------------------------------------------
 
 

@@ -316,6 +316,7 @@ def test_the_tasks_and_workers_page_runs_as_written(tmp_path: Path) -> None:
         "# enqueue.py",
         "# unique.py",
         "# reports.py",
+        "# results.py",
         "# ajobs.py",
         "# web.py",
         "import asyncio",
@@ -327,6 +328,10 @@ def test_the_tasks_and_workers_page_runs_as_written(tmp_path: Path) -> None:
     # "Unique jobs": one live job per key.
     unique = run_python(folder, "import runpy\nrunpy.run_path('unique.py', run_name='__main__')")
     assert unique.splitlines() == ["True", "True", "True", "False"]
+    # "Results": a completed job keeps what its task returned.
+    import_has_no_side_effects(folder, "results", tmp_path)
+    results = run_python(folder, "import runpy\nrunpy.run_path('results.py', run_name='__main__')")
+    assert results.splitlines() == ["completed {'month': '2026-11', 'rows': 1234}"]
     # "Job context": reports.py's task gets its job's context.
     report = run_python(
         folder,

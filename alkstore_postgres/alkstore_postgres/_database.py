@@ -93,7 +93,9 @@ def database_identity(conn: psycopg.Connection[Any]) -> DatabaseIdentity:
     psycopg.Error
         If the connection fails.
     """
-    with conn.cursor(row_factory=tuple_row) as cur:
+    # A cursor of psycopg's own class: the caller's connection may make
+    # client-side cursors (Django's default), which have no binary results.
+    with psycopg.Cursor(conn, row_factory=tuple_row) as cur:
         row = cur.execute(DATABASE_IDENTITY, binary=True).fetchone()
     assert row is not None
     return row[0], row[1]

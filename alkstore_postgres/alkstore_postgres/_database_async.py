@@ -98,7 +98,9 @@ async def database_identity(conn: psycopg.AsyncConnection[Any]) -> DatabaseIdent
     psycopg.Error
         If the connection fails.
     """
-    async with conn.cursor(row_factory=tuple_row) as cur:
+    # A cursor of psycopg's own class: the caller's connection may make
+    # client-side cursors (Django's default), which have no binary results.
+    async with psycopg.AsyncCursor(conn, row_factory=tuple_row) as cur:
         row = await (await cur.execute(DATABASE_IDENTITY, binary=True)).fetchone()
     assert row is not None
     return row[0], row[1]

@@ -31,6 +31,7 @@ from alkstore.engine import duration
 from alkstore_postgres._schema import Statement
 from alkstore_postgres._sql.handle import (
     ACK,
+    COMPLETE,
     DEAD_LETTER,
     HEARTBEAT,
     MICROSECOND,
@@ -70,6 +71,9 @@ class PostgresJobHandle(JobHandle):
 
     def _ack(self) -> bool:
         return self._run(ACK)
+
+    def _complete(self, result: bytes | None) -> bool:
+        return self._run(COMPLETE, result=result)
 
     def _retry(self, error: str, delay_s: float) -> bool:
         delay = duration(delay_s)

@@ -29,6 +29,7 @@ from alkstore.engine import duration
 from alkstore_postgres._schema import Statement
 from alkstore_postgres._sql.handle import (
     ACK,
+    COMPLETE,
     DEAD_LETTER,
     HEARTBEAT,
     MICROSECOND,
@@ -68,6 +69,9 @@ class AsyncPostgresJobHandle(AsyncJobHandle):
 
     async def _ack(self) -> bool:
         return await self._run(ACK)
+
+    async def _complete(self, result: bytes | None) -> bool:
+        return await self._run(COMPLETE, result=result)
 
     async def _retry(self, error: str, delay_s: float) -> bool:
         delay = duration(delay_s)

@@ -24,10 +24,12 @@ from alkstore_postgres._sql.operations import (
     QUEUE_NAMES,
     REQUEUE,
     RESUME,
+    RUN_NOW,
     dead_jobs_lower,
     dead_jobs_query,
     requeue_params,
 )
+from alkstore_postgres._sql.queue import INT64_MAX, INT64_MIN
 
 if TYPE_CHECKING:
     from alkstore_postgres._queue import PostgresQueue
@@ -87,6 +89,18 @@ def requeue(queue: PostgresQueue, job_id: int, now: datetime, run_at: datetime) 
     store = queue._pg_store
     with store._db.connection() as conn:
         row = conn.execute(store.sql(REQUEUE), params, binary=True).fetchone()
+    assert row is not None
+    return bool(row[0])
+
+
+def run_now(queue: PostgresQueue, job_id: int, now: datetime) -> bool:
+    """``Queue._run_now``: make a waiting job due now, waking on commit."""
+    if not INT64_MIN <= job_id <= INT64_MAX:
+        return False
+    store = queue._pg_store
+    params = {"id": job_id, "queue": queue.name, "now": now, "channel": queue.channel}
+    with store._db.connection() as conn:
+        row = conn.execute(store.sql(RUN_NOW), params, binary=True).fetchone()
     assert row is not None
     return bool(row[0])
 

@@ -22,10 +22,12 @@ from alkstore_postgres._sql.operations import (
     QUEUE_NAMES,
     REQUEUE,
     RESUME,
+    RUN_NOW,
     dead_jobs_lower,
     dead_jobs_query,
     requeue_params,
 )
+from alkstore_postgres._sql.queue import INT64_MAX, INT64_MIN
 
 if TYPE_CHECKING:
     from alkstore_postgres._queue_async import AsyncPostgresQueue
@@ -85,6 +87,18 @@ async def requeue(queue: AsyncPostgresQueue, job_id: int, now: datetime, run_at:
     store = queue._pg_store
     async with store._db.connection() as conn:
         row = await (await conn.execute(store.sql(REQUEUE), params, binary=True)).fetchone()
+    assert row is not None
+    return bool(row[0])
+
+
+async def run_now(queue: AsyncPostgresQueue, job_id: int, now: datetime) -> bool:
+    """``Queue._run_now``: make a waiting job due now, waking on commit."""
+    if not INT64_MIN <= job_id <= INT64_MAX:
+        return False
+    store = queue._pg_store
+    params = {"id": job_id, "queue": queue.name, "now": now, "channel": queue.channel}
+    async with store._db.connection() as conn:
+        row = await (await conn.execute(store.sql(RUN_NOW), params, binary=True)).fetchone()
     assert row is not None
     return bool(row[0])
 

@@ -31,11 +31,14 @@ from alkstore_postgres._connection import check_tx_connection, wrap_errors
 from alkstore_postgres._database import Conn, database_identity
 from alkstore_postgres._handle import PostgresJobHandle
 from alkstore_postgres._rows import job_from_row
+from alkstore_postgres._schema import Statement
 from alkstore_postgres._sql.queue import (
     ACK_BATCH,
     ACK_MANY,
     CANCEL,
     CLAIM,
+    COMPLETE_BATCH,
+    COMPLETE_MANY,
     DEADLOCK_ATTEMPTS,
     GET_JOB,
     INT64_MAX,
@@ -136,9 +139,9 @@ class PostgresQueue(Queue):
         ``unique_key``, the id of the live job holding it if there is one
         (``INSERT_UNIQUE``)."""
         sql_text = self._pg_store.sql
-        # The caller's connection may have its own row factory: a cursor
-        # of our own.
-        with conn.cursor(row_factory=tuple_row) as cur:
+        # The caller's connection may have its own row factory and cursor
+        # class (Django's client-side cursors): a cursor of our own.
+        with psycopg.Cursor(conn, row_factory=tuple_row) as cur:
             if unique_key is None:
                 statement, params = insert(self._name, self._channel, resolved, [payload])
                 row = cur.execute(sql_text(statement), params).fetchone()
@@ -195,8 +198,26 @@ class PostgresQueue(Queue):
         acked = {(i, a) for i, a in rows}
         return [(h.id, h.attempts) in acked for h in handles]
 
+    def _complete_batch(self, job_ids: list[int]) -> int:
+        ids = [i for i in job_ids if INT64_MIN <= i <= INT64_MAX]
+        if not ids:
+            return 0
+        count, _ = self._delete_acked(COMPLETE_BATCH, {"ids": ids, "queue": self._name})
+        return count
+
+    def _complete_many(self, handles: list[JobHandle], results: list[bytes | None]) -> list[bool]:
+        params: dict[str, Any] = {
+            "ids": [h.id for h in handles],
+            "attempts": [h.attempts for h in handles],
+            "results": results,
+            "queue": self._name,
+        }
+        _, rows = self._delete_acked(COMPLETE_MANY, params)
+        completed = {(i, a) for i, a in rows}
+        return [(h.id, h.attempts) in completed for h in handles]
+
     def _delete_acked(
-        self, statement: sql.SQL, params: dict[str, Any]
+        self, statement: Statement | sql.SQL, params: dict[str, Any]
     ) -> tuple[int, list[tuple[Any, ...]]]:
         # The count of deleted rows, and the rows the statement returns.
         store = self._pg_store
@@ -235,9 +256,11 @@ class PostgresQueue(Queue):
             row = cur.fetchone()
         return None if row is None else job_from_row(row)
 
-    def _sweep_expired(self, retention_s: float | None) -> SweepResult:
+    def _sweep_expired(
+        self, retention_s: float | None, keep_completed_s: float | None
+    ) -> SweepResult:
         store = self._pg_store
-        params = sweep_params(self._name, store._now(), retention_s)
+        params = sweep_params(self._name, store._now(), retention_s, keep_completed_s)
         with store._db.connection() as conn:
             cur = conn.execute(store.sql(SWEEP_EXPIRED), params, binary=True)
             row = cur.fetchone()
@@ -271,6 +294,9 @@ class PostgresQueue(Queue):
 
     def _requeue(self, job_id: int, now: datetime, run_at: datetime) -> bool:
         return _operations.requeue(self, job_id, now, run_at)
+
+    def _run_now(self, job_id: int, now: datetime) -> bool:
+        return _operations.run_now(self, job_id, now)
 
     def _purge_dead(self, cutoff: datetime | None) -> int:
         return _operations.purge_dead(self, cutoff)

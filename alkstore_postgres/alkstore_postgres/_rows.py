@@ -18,7 +18,7 @@ from psycopg import sql
 from alkstore import Job
 from alkstore.engine import job_from_values
 
-__all__ = ["DEAD_COLUMNS", "LIVE_COLUMNS", "MOVED_COLUMNS", "job_from_row"]
+__all__ = ["COMPLETED_COLUMNS", "DEAD_COLUMNS", "LIVE_COLUMNS", "MOVED_COLUMNS", "job_from_row"]
 
 #: The public state of each engine-private state of a live row
 #: (:mod:`alkstore_postgres._schema`); dead rows say ``'dead'``. An
@@ -29,6 +29,7 @@ _PUBLIC_STATE = {
     "processing": "processing",
     "lapsed": "processing",
     "dead": "dead",
+    "completed": "completed",
 }
 
 #: The columns a live-to-dead move copies unchanged (a dead row keeps the
@@ -42,13 +43,22 @@ MOVED_COLUMNS = sql.SQL(
 LIVE_COLUMNS = sql.SQL(
     "id, queue, state, payload, content_type, priority, run_at, expires_at, "
     "enqueued_at, attempts, max_attempts, visibility_timeout_s, backoff_base_s, "
-    "backoff_cap_s, worker_id, claim_deadline, last_error, NULL::timestamptz, unique_key"
+    "backoff_cap_s, worker_id, claim_deadline, last_error, NULL::timestamptz, unique_key, "
+    "NULL::timestamptz, NULL::bytea"
 )
 #: The same columns from the dead table, where the state is implied.
 DEAD_COLUMNS = sql.SQL(
     "id, queue, 'dead', payload, content_type, priority, run_at, expires_at, "
     "enqueued_at, attempts, max_attempts, visibility_timeout_s, backoff_base_s, "
-    "backoff_cap_s, worker_id, claim_deadline, last_error, died_at, unique_key"
+    "backoff_cap_s, worker_id, claim_deadline, last_error, died_at, unique_key, "
+    "NULL::timestamptz, NULL::bytea"
+)
+#: The same columns from the completed table.
+COMPLETED_COLUMNS = sql.SQL(
+    "id, queue, 'completed', payload, content_type, priority, run_at, expires_at, "
+    "enqueued_at, attempts, max_attempts, visibility_timeout_s, backoff_base_s, "
+    "backoff_cap_s, worker_id, claim_deadline, last_error, NULL::timestamptz, unique_key, "
+    "finished_at, result"
 )
 
 
@@ -79,6 +89,8 @@ def job_from_row(row: Sequence[Any]) -> Job:
         last_error,
         died_at,
         unique_key,
+        finished_at,
+        result,
     ) = row
     public = _PUBLIC_STATE.get(state)
     if public is None:
@@ -105,5 +117,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
             last_error,
             _opt_utc(died_at),
             unique_key,
+            _opt_utc(finished_at),
+            None if result is None else bytes(result),
         )
     )

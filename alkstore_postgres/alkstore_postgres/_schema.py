@@ -59,7 +59,10 @@ were only walked over; version 3's migration moves them to ``scheduled``.
 Version 4 rewrote no row: claims that lapsed and rows that expired under
 version 3 are moved by the first claim. A live row's ``unique_key`` is
 unique within its queue (``jobs_unique``, a partial unique index over the
-rows that have one); a dead row keeps its key, unindexed.
+rows that have one); a dead row keeps its key, unindexed. ``completed``
+holds the jobs an ack kept (docs/contract.md §3 "Completed jobs"), keyed by
+the job's id, with ``finished_at`` and ``result``; ``completed_finished``
+serves the retention purge and the queue listing.
 
 Indexes keep the hot paths independent of the backlog: a claim walks
 ``jobs_pending`` and ``jobs_lapsed`` in claim order and stops after ``n``
@@ -339,13 +342,16 @@ _MIGRATIONS: tuple[tuple[sql.SQL, ...], ...] = (
         )
         """),
     ),
-    # Version 6: unique keys (docs/contract.md §3 "Unique keys"). A column on
-    # both tables (a dead row keeps its key, and requeue brings it back),
-    # added without a default, so no row is rewritten, and a partial unique
-    # index over the live rows that have one: the index, not a check before
-    # the insert, keeps two live jobs of a queue from sharing a key, and an
-    # enqueue of a key another transaction is inserting waits for that
-    # transaction's end. Rows without a key are not in it.
+    # Version 6: unique keys (docs/contract.md §3 "Unique keys") and
+    # completed jobs ("Completed jobs"). A unique_key column on both tables
+    # (a dead row keeps its key, and requeue brings it back), added without
+    # a default, so no row is rewritten, and a partial unique index over the
+    # live rows that have one: the index, not a check before the insert,
+    # keeps two live jobs of a queue from sharing a key, and an enqueue of a
+    # key another transaction is inserting waits for that transaction's end.
+    # Rows without a key are not in it. Completed jobs, kept by an ack when
+    # the queue keeps them, get a table of their own, as dead ones do: the
+    # claim's indexes never hold them, however many are kept.
     (
         sql.SQL("ALTER TABLE {jobs} ADD COLUMN unique_key text"),
         sql.SQL("ALTER TABLE {dead} ADD COLUMN unique_key text"),
@@ -353,6 +359,31 @@ _MIGRATIONS: tuple[tuple[sql.SQL, ...], ...] = (
         CREATE UNIQUE INDEX jobs_unique ON {jobs} (queue, unique_key)
             WHERE unique_key IS NOT NULL
         """),
+        sql.SQL("""
+        CREATE TABLE {completed} (
+            id                   bigint      PRIMARY KEY,
+            queue                text        NOT NULL,
+            payload              bytea       NOT NULL,
+            content_type         text        NOT NULL,
+            priority             integer     NOT NULL,
+            run_at               timestamptz NOT NULL,
+            expires_at           timestamptz,
+            enqueued_at          timestamptz NOT NULL,
+            attempts             integer     NOT NULL,
+            max_attempts         integer     NOT NULL,
+            visibility_timeout_s double precision NOT NULL,
+            backoff_base_s       integer     NOT NULL,
+            backoff_cap_s        integer     NOT NULL,
+            worker_id            text,
+            claim_deadline       timestamptz,
+            last_error           text,
+            unique_key           text,
+            finished_at          timestamptz NOT NULL,
+            result               bytea
+        )
+        """),
+        # The retention purge, and the queue listing.
+        sql.SQL("CREATE INDEX completed_finished ON {completed} (queue, finished_at)"),
     ),
 )
 
@@ -427,7 +458,7 @@ class Statement:
 def render(statement: Statement | sql.SQL, schema: str) -> bytes:
     """Render a statement for ``schema``.
 
-    ``{schema}`` and the table names (``{jobs}``, ``{dead}``, ``{meta}``,
+    ``{schema}`` and the table names (``{jobs}``, ``{dead}``, ``{completed}``, ``{meta}``,
     ``{queues}``, ``{schedules}``, ``{maintenance}``) become the quoted,
     schema-qualified names; the result is what psycopg sends (and keys its
     prepared statements by), so callers render each statement once.
@@ -438,6 +469,7 @@ def render(statement: Statement | sql.SQL, schema: str) -> bytes:
         schema=sql.Identifier(schema),
         jobs=sql.Identifier(schema, "jobs"),
         dead=sql.Identifier(schema, "dead"),
+        completed=sql.Identifier(schema, "completed"),
         meta=sql.Identifier(schema, "meta"),
         queues=sql.Identifier(schema, "queues"),
         schedules=sql.Identifier(schema, "schedules"),

@@ -226,6 +226,26 @@ def test_enqueue_tx_keeps_the_callers_row_factory(postgres_url: str, store: Post
         assert app.execute("SELECT 1 AS one").fetchone() == {"one": 1}
 
 
+def test_enqueue_tx_through_client_side_cursors(postgres_url: str, store: PostgresStore) -> None:
+    """A caller whose connection makes client-side cursors (Django's
+    default for psycopg 3) enqueues too: the engine's statements run on
+    cursors of its own, unique keys included, and the caller's factory is
+    left as it was."""
+    q = store.queue("tx")
+    with psycopg.connect(postgres_url, cursor_factory=psycopg.ClientCursor) as app:
+        with app.transaction():
+            job_id = q.enqueue_tx(app, {"n": 1})
+            assert q.enqueue_tx(app, {"n": 2}, unique_key="k") == q.enqueue_tx(
+                app, {"n": 3}, unique_key="k"
+            )
+        assert app.cursor_factory is psycopg.ClientCursor
+        assert isinstance(app.cursor(), psycopg.ClientCursor)
+    job = q.get_job(job_id)
+    assert job is not None
+    assert job.payload == {"n": 1}
+    assert q.stats().pending == 2
+
+
 def test_closed_store(store: PostgresStore) -> None:
     q = store.queue("jobs")
     q.enqueue(1)

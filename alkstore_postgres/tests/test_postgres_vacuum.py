@@ -31,7 +31,7 @@ pytestmark = pytest.mark.postgres
 
 _S = timedelta(seconds=1)
 
-#: What version 5 sets on the jobs table.
+#: What version 5 sets on the jobs table (version 6 keeps it).
 _AUTOVACUUM = {
     "autovacuum_vacuum_scale_factor": "0",
     "autovacuum_vacuum_threshold": "1000",
@@ -55,7 +55,7 @@ def test_a_fresh_store_tunes_autovacuum_for_a_queue(
     store: PostgresStore, admin: psycopg.Connection[Any], schema: str
 ) -> None:
     assert reloptions(admin, schema, "jobs") == _AUTOVACUUM
-    assert version(admin, schema) == SCHEMA_VERSION == 5
+    assert version(admin, schema) == SCHEMA_VERSION == 6
 
 
 def test_version_4_is_migrated_with_jobs_in_every_state(

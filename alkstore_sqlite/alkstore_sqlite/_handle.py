@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 from alkstore import Job, JobHandle
 from alkstore.engine import duration_us
 from alkstore_sqlite._connection import rowcount
-from alkstore_sqlite._rows import bury_sql, to_us
+from alkstore_sqlite._rows import bury_sql, complete_sql, to_us
 from alkstore_sqlite._wake import notify_wake, record_wake
 
 if TYPE_CHECKING:
     from alkstore_sqlite._queue import SqliteQueue
 
-__all__ = ["SqliteJobHandle"]
+__all__ = ["SqliteJobHandle", "ack_each", "complete_each"]
 
 # The claim is this handle's while the row is processing, has the attempt
 # count this claim gave it, and has not lapsed; every operation tests it in
@@ -47,7 +47,8 @@ _RELEASE = f"""
     WHERE {_VALID}
 """
 _BURY = bury_sql(_VALID)
-_DELETE_BURIED = "DELETE FROM _alkstore_jobs WHERE id = :id"
+_COMPLETE = complete_sql(_VALID)
+_DELETE_MOVED = "DELETE FROM _alkstore_jobs WHERE id = :id"
 
 
 class SqliteJobHandle(JobHandle):
@@ -73,6 +74,10 @@ class SqliteJobHandle(JobHandle):
 
     def _ack(self) -> bool:
         return self._write(_ACK, self._params())
+
+    def _complete(self, result: bytes | None) -> bool:
+        params = self._params(result=result)
+        return self._queue._store._pool.transaction(complete_each, [params])[0]
 
     def _retry(self, error: str, delay_s: float) -> bool:
         params = self._params(error=error)
@@ -109,6 +114,23 @@ def ack_each(conn: sqlite3.Connection, claims: list[dict[str, Any]]) -> list[boo
     return [conn.execute(_ACK, claim).rowcount == 1 for claim in claims]
 
 
+def complete_each(conn: sqlite3.Connection, claims: list[dict[str, Any]]) -> list[bool]:
+    """Move each claim (``id``, ``attempts``, ``now``, ``result``) to the
+    completed table as its handle's ``ack`` would when its queue keeps
+    completed jobs, inside the caller's transaction; whether each took
+    effect."""
+    return [_move(conn, _COMPLETE, claim) for claim in claims]
+
+
+def _move(conn: sqlite3.Connection, copy: str, params: dict[str, Any]) -> bool:
+    # Copy then delete, in the caller's write transaction: the job is in
+    # exactly one table at every commit.
+    if conn.execute(copy, params).rowcount != 1:
+        return False
+    conn.execute(_DELETE_MOVED, params)
+    return True
+
+
 def _give_back(conn: sqlite3.Connection, params: dict[str, Any]) -> int | None:
     """Inside ``BEGIN IMMEDIATE``: release the claim; the wake id, or
     ``None`` (nothing written) when the claim was not valid."""
@@ -118,7 +140,4 @@ def _give_back(conn: sqlite3.Connection, params: dict[str, Any]) -> int | None:
 
 
 def _bury(conn: sqlite3.Connection, params: dict[str, Any]) -> bool:
-    if conn.execute(_BURY, params).rowcount != 1:
-        return False
-    conn.execute(_DELETE_BURIED, params)
-    return True
+    return _move(conn, _BURY, params)

@@ -31,6 +31,7 @@ __all__ = [
     "purge_dead",
     "queue_names",
     "requeue",
+    "run_now",
     "set_paused",
 ]
 
@@ -83,6 +84,14 @@ _REQUEUE = """
 """
 _DELETE_REQUEUED = "DELETE FROM _alkstore_dead WHERE id = :id"
 
+# A waiting job made due now (docs/contract.md §4 "Run now"): only a pending
+# one not due yet and not expired; into the claim's walk.
+_RUN_NOW = """
+    UPDATE _alkstore_jobs SET run_at = :now, state = 'pending'
+    WHERE id = :id AND queue = :queue AND (state = 'pending' OR state = 'scheduled')
+      AND run_at > :now AND (expires_at IS NULL OR expires_at > :now)
+"""
+
 # Ranges of the dead table's (queue, died_at) and (queue) indexes.
 _PURGE_BEFORE = "DELETE FROM _alkstore_dead WHERE queue = ? AND died_at <= ?"
 _PURGE_ALL = "DELETE FROM _alkstore_dead WHERE queue = ?"
@@ -101,6 +110,7 @@ _NAME_INDEXES = (
     ("_alkstore_jobs", "queue", "state = 'lapsed' AND "),
     ("_alkstore_jobs", "queue", "expires_at IS NOT NULL AND "),
     ("_alkstore_dead", "queue", ""),
+    ("_alkstore_completed", "queue", ""),
     ("_alkstore_queues", "name", "paused = 1 AND "),
 )
 _NEXT_NAMES = " UNION ALL ".join(
@@ -171,6 +181,20 @@ def requeue(queue: SqliteQueue, job_id: int, now: datetime, run_at: datetime) ->
     return True
 
 
+def run_now(queue: SqliteQueue, job_id: int, now: datetime) -> bool:
+    """``Queue._run_now``: make a waiting job due now and wake the queue's
+    subscriptions in every process."""
+    if not _INT64_MIN <= job_id <= _INT64_MAX:
+        return False
+    store = queue._store
+    params = {"id": job_id, "queue": queue.name, "now": to_us(now)}
+    wake_id = store._pool.transaction(_make_due, params)
+    if wake_id is None:
+        return False
+    notify_wake(store._wake_key, queue.name, wake_id)
+    return True
+
+
 def purge_dead(queue: SqliteQueue, cutoff: datetime | None) -> int:
     """``Queue._purge_dead``: delete dead rows with ``died_at <= cutoff``
     (all of the queue's when ``None``)."""
@@ -194,6 +218,14 @@ def _resume(conn: sqlite3.Connection, queue: str) -> int | None:
     if conn.execute(_RESUME, (queue,)).rowcount != 1:
         return None
     return record_wake(conn, queue)
+
+
+def _make_due(conn: sqlite3.Connection, params: dict[str, Any]) -> int | None:
+    """Inside ``BEGIN IMMEDIATE``: make the waiting job due now; the wake
+    id, or ``None`` (nothing written) when there is no such job."""
+    if conn.execute(_RUN_NOW, params).rowcount != 1:
+        return None
+    return record_wake(conn, params["queue"])
 
 
 def move_back(conn: sqlite3.Connection, params: dict[str, Any]) -> int | None:

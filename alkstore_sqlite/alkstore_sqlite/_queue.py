@@ -22,11 +22,13 @@ from alkstore.engine import (
 from alkstore.errors import ValidationError
 from alkstore_sqlite import _operations
 from alkstore_sqlite._connection import engine_error, fetchone, rowcount, run_in_transaction
-from alkstore_sqlite._handle import SqliteJobHandle, ack_each
+from alkstore_sqlite._handle import SqliteJobHandle, ack_each, complete_each
 from alkstore_sqlite._rows import (
+    COMPLETED_COLUMNS,
     DEAD_COLUMNS,
     LIVE_COLUMNS,
     bury_sql,
+    complete_sql,
     job_from_row,
     jobs_from_rows,
     to_us,
@@ -216,11 +218,24 @@ _ACK_BATCH = """
     WHERE id IN (SELECT value FROM json_each(?))
       AND queue = ? AND state NOT IN ('pending', 'scheduled') AND claim_deadline > ?
 """
+# The same rows, moved to the completed table (docs/contract.md §3
+# "Completed jobs"): the copy, then the delete of what it copied, in one
+# write transaction.
+_VALID_BATCH = """
+    id IN (SELECT value FROM json_each(:ids))
+    AND queue = :queue AND state NOT IN ('pending', 'scheduled') AND claim_deadline > :now
+"""
+_COMPLETE_BATCH = complete_sql(_VALID_BATCH).replace(
+    "FROM _alkstore_jobs WHERE", "FROM _alkstore_jobs NOT INDEXED WHERE"
+)
+_DELETE_COMPLETED_BATCH = f"DELETE FROM _alkstore_jobs NOT INDEXED WHERE {_VALID_BATCH}"
 _CANCEL = "DELETE FROM _alkstore_jobs WHERE id = ? AND queue = ?"
 _GET_JOB = f"""
     SELECT {LIVE_COLUMNS} FROM _alkstore_jobs WHERE id = :id AND queue = :queue
     UNION ALL
     SELECT {DEAD_COLUMNS} FROM _alkstore_dead WHERE id = :id AND queue = :queue
+    UNION ALL
+    SELECT {COMPLETED_COLUMNS} FROM _alkstore_completed WHERE id = :id AND queue = :queue
 """
 # Every state, so that the expiry index answers with one range per state.
 _EXPIRED = (
@@ -230,6 +245,7 @@ _EXPIRED = (
 _BURY_EXPIRED = bury_sql(_EXPIRED)
 _DELETE_EXPIRED = f"DELETE FROM _alkstore_jobs WHERE {_EXPIRED}"
 _PURGE = "DELETE FROM _alkstore_dead WHERE queue = ? AND died_at <= ?"
+_PURGE_COMPLETED = "DELETE FROM _alkstore_completed WHERE queue = ? AND finished_at <= ?"
 # One statement reads one snapshot, so the four counts agree. The public
 # counts go by the instants, whatever the private state says (an injected
 # clock may have moved back since it was set); each term counts one state
@@ -448,6 +464,22 @@ class SqliteQueue(Queue):
         claims = [{"id": h.id, "attempts": h.attempts, "now": now} for h in handles]
         return self._store._pool.transaction(ack_each, claims)
 
+    def _complete_batch(self, job_ids: list[int]) -> int:
+        ids = [i for i in job_ids if _INT64_MIN <= i <= _INT64_MAX]
+        if not ids:
+            return 0
+        now = to_us(self._store._now())
+        params = {"ids": json.dumps(ids), "queue": self._name, "now": now, "result": None}
+        return self._store._pool.transaction(_complete_batch, params)
+
+    def _complete_many(self, handles: list[JobHandle], results: list[bytes | None]) -> list[bool]:
+        now = to_us(self._store._now())
+        claims = [
+            {"id": h.id, "attempts": h.attempts, "now": now, "result": result}
+            for h, result in zip(handles, results, strict=True)
+        ]
+        return self._store._pool.transaction(complete_each, claims)
+
     def _cancel(self, job_id: int) -> bool:
         if not _INT64_MIN <= job_id <= _INT64_MAX:
             return False
@@ -459,10 +491,13 @@ class SqliteQueue(Queue):
         row = self._store._pool.run(fetchone, _GET_JOB, {"id": job_id, "queue": self._name})
         return None if row is None else job_from_row(row)
 
-    def _sweep_expired(self, retention_s: float | None) -> SweepResult:
+    def _sweep_expired(
+        self, retention_s: float | None, keep_completed_s: float | None
+    ) -> SweepResult:
         now = to_us(self._store._now())
         purge_before = None if retention_s is None else now - duration_us(retention_s)
-        return self._store._pool.transaction(_sweep, self._name, now, purge_before)
+        finished_before = None if keep_completed_s is None else now - duration_us(keep_completed_s)
+        return self._store._pool.transaction(_sweep, self._name, now, purge_before, finished_before)
 
     def _stats(self) -> QueueStats:
         now = to_us(self._store._now())
@@ -489,6 +524,9 @@ class SqliteQueue(Queue):
 
     def _requeue(self, job_id: int, now: datetime, run_at: datetime) -> bool:
         return _operations.requeue(self, job_id, now, run_at)
+
+    def _run_now(self, job_id: int, now: datetime) -> bool:
+        return _operations.run_now(self, job_id, now)
 
     def _purge_dead(self, cutoff: datetime | None) -> int:
         return _operations.purge_dead(self, cutoff)
@@ -563,7 +601,13 @@ def _move_and_claim(conn: sqlite3.Connection, params: dict[str, Any]) -> list[An
     return rows
 
 
-def _sweep(conn: sqlite3.Connection, queue: str, now: int, purge_before: int | None) -> SweepResult:
+def _sweep(
+    conn: sqlite3.Connection,
+    queue: str,
+    now: int,
+    purge_before: int | None,
+    finished_before: int | None,
+) -> SweepResult:
     params = {"queue": queue, "now": now, "error": EXPIRED}
     expired = conn.execute(_BURY_EXPIRED, params).rowcount
     if expired:
@@ -571,7 +615,18 @@ def _sweep(conn: sqlite3.Connection, queue: str, now: int, purge_before: int | N
     purged = 0
     if purge_before is not None:
         purged = conn.execute(_PURGE, (queue, purge_before)).rowcount
+    if finished_before is not None:
+        purged += conn.execute(_PURGE_COMPLETED, (queue, finished_before)).rowcount
     return SweepResult(expired, purged)
+
+
+def _complete_batch(conn: sqlite3.Connection, params: dict[str, Any]) -> int:
+    # Inside BEGIN IMMEDIATE: the delete's predicate matches exactly the
+    # rows the copy took.
+    moved = conn.execute(_COMPLETE_BATCH, params).rowcount
+    if moved:
+        conn.execute(_DELETE_COMPLETED_BATCH, params)
+    return moved
 
 
 def _same_file(a: str, b: str) -> bool:

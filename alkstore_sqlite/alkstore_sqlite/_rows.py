@@ -16,9 +16,11 @@ from alkstore import Job
 from alkstore.engine import job_from_values
 
 __all__ = [
+    "COMPLETED_COLUMNS",
     "DEAD_COLUMNS",
     "LIVE_COLUMNS",
     "bury_sql",
+    "complete_sql",
     "from_us",
     "job_from_row",
     "jobs_from_rows",
@@ -36,19 +38,27 @@ _PUBLIC_STATE = {
     "processing": "processing",
     "lapsed": "processing",
     "dead": "dead",
+    "completed": "completed",
 }
 
 #: The columns :func:`job_from_row` reads, from the live table.
 LIVE_COLUMNS = (
     "id, queue, state, payload, content_type, priority, run_at, expires_at, "
     "enqueued_at, attempts, max_attempts, visibility_timeout_s, backoff_base_s, "
-    "backoff_cap_s, worker_id, claim_deadline, last_error, NULL, unique_key"
+    "backoff_cap_s, worker_id, claim_deadline, last_error, NULL, unique_key, NULL, NULL"
 )
 #: The same columns from the dead table, where the state is implied.
 DEAD_COLUMNS = (
     "id, queue, 'dead', payload, content_type, priority, run_at, expires_at, "
     "enqueued_at, attempts, max_attempts, visibility_timeout_s, backoff_base_s, "
-    "backoff_cap_s, worker_id, claim_deadline, last_error, died_at, unique_key"
+    "backoff_cap_s, worker_id, claim_deadline, last_error, died_at, unique_key, NULL, NULL"
+)
+#: The same columns from the completed table.
+COMPLETED_COLUMNS = (
+    "id, queue, 'completed', payload, content_type, priority, run_at, expires_at, "
+    "enqueued_at, attempts, max_attempts, visibility_timeout_s, backoff_base_s, "
+    "backoff_cap_s, worker_id, claim_deadline, last_error, NULL, unique_key, "
+    "finished_at, result"
 )
 
 _MOVED_COLUMNS = (
@@ -69,6 +79,17 @@ def bury_sql(where: str) -> str:
     return (
         f"INSERT INTO _alkstore_dead ({_MOVED_COLUMNS}, last_error, died_at) "
         f"SELECT {_MOVED_COLUMNS}, :error, :now FROM _alkstore_jobs WHERE {where}"
+    )
+
+
+def complete_sql(where: str) -> str:
+    """The ``INSERT`` that copies the live rows matching ``where`` into the
+    completed table, with ``finished_at = :now`` and ``result = :result``;
+    every move runs it and deletes the same rows in the same transaction,
+    as :func:`bury_sql` (docs/contract.md §3 "Completed jobs")."""
+    return (
+        f"INSERT INTO _alkstore_completed ({_MOVED_COLUMNS}, last_error, finished_at, result) "
+        f"SELECT {_MOVED_COLUMNS}, last_error, :now, :result FROM _alkstore_jobs WHERE {where}"
     )
 
 
@@ -125,6 +146,8 @@ def jobs_from_rows(rows: Sequence[Sequence[Any]]) -> list[Job]:
             last_error,
             died_at,
             unique_key,
+            finished_at,
+            result,
         ) = row
         public = _PUBLIC_STATE.get(state)
         if public is None:
@@ -154,6 +177,8 @@ def jobs_from_rows(rows: Sequence[Sequence[Any]]) -> list[Job]:
                     last_error,
                     instant(died_at),
                     unique_key,
+                    instant(finished_at),
+                    result,
                 )
             )
         )

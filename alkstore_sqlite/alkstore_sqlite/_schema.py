@@ -33,6 +33,9 @@ application's own tables in the same file:
 
 A live row's ``unique_key`` is unique within its queue (a partial unique
 index over the rows that have one); a dead row keeps its key, unindexed.
+``_alkstore_completed`` holds the jobs an ack kept (docs/contract.md §3
+"Completed jobs"), keyed by the job's id, with ``finished_at`` and
+``result``.
 
 A live row's ``state`` is engine-private and finer than the public one
 (the contract's ``pending``/``processing``). Each value keeps the row in the one
@@ -305,12 +308,15 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         ) WITHOUT ROWID
         """,
     ),
-    # Version 4: unique keys (docs/contract.md §3 "Unique keys"). A column on
-    # both tables (a dead row keeps its key, and requeue brings it back) and
-    # a partial unique index over the live rows that have one: the index,
-    # not a check before the insert, keeps two live jobs of a queue from
-    # sharing a key. Rows without a key are not in it, so a plain enqueue
-    # writes no more than before. Adding a column rewrites no row.
+    # Version 4: unique keys (docs/contract.md §3 "Unique keys") and
+    # completed jobs ("Completed jobs"). A unique_key column on both tables
+    # (a dead row keeps its key, and requeue brings it back) and a partial
+    # unique index over the live rows that have one: the index, not a check
+    # before the insert, keeps two live jobs of a queue from sharing a key.
+    # Rows without a key are not in it, so a plain enqueue writes no more
+    # than before. Adding a column rewrites no row. Completed jobs, kept by
+    # an ack when the queue keeps them, get a table of their own, as dead
+    # ones do: the claim's indexes never hold them, however many are kept.
     (
         "ALTER TABLE _alkstore_jobs ADD COLUMN unique_key TEXT",
         "ALTER TABLE _alkstore_dead ADD COLUMN unique_key TEXT",
@@ -318,6 +324,34 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         CREATE UNIQUE INDEX _alkstore_jobs_unique
             ON _alkstore_jobs (queue, unique_key)
             WHERE unique_key IS NOT NULL
+        """,
+        """
+        CREATE TABLE _alkstore_completed (
+            id                   INTEGER PRIMARY KEY,
+            queue                TEXT    NOT NULL,
+            finished_at          INTEGER NOT NULL,
+            priority             INTEGER NOT NULL,
+            run_at               INTEGER NOT NULL,
+            expires_at           INTEGER,
+            enqueued_at          INTEGER NOT NULL,
+            attempts             INTEGER NOT NULL,
+            max_attempts         INTEGER NOT NULL,
+            visibility_timeout_s REAL    NOT NULL,
+            backoff_base_s       INTEGER NOT NULL,
+            backoff_cap_s        INTEGER NOT NULL,
+            worker_id            TEXT,
+            claim_deadline       INTEGER,
+            last_error           TEXT,
+            unique_key           TEXT,
+            content_type         TEXT    NOT NULL,
+            payload              BLOB    NOT NULL,
+            result               BLOB
+        )
+        """,
+        # The retention purge, and the queue listing.
+        """
+        CREATE INDEX _alkstore_completed_finished
+            ON _alkstore_completed (queue, finished_at)
         """,
     ),
 )

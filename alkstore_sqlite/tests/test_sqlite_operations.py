@@ -871,6 +871,7 @@ def _make_version_2(path: Path) -> None:
             conn.execute(f"DROP TABLE _alkstore_{table}")
         conn.execute("DROP INDEX _alkstore_dead_queue")
         conn.execute("DROP INDEX _alkstore_jobs_unique")
+        conn.execute("DROP TABLE _alkstore_completed")
         for table in ("jobs", "dead"):
             conn.execute(f"ALTER TABLE _alkstore_{table} DROP COLUMN unique_key")
         conn.execute("DELETE FROM sqlite_sequence WHERE name = '_alkstore_wakes'")

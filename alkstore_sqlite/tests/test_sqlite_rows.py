@@ -27,6 +27,9 @@ ROW = (
     to_us(T0) + 30_000_000,
     "boom",
     None,
+    "key",
+    None,
+    None,
 )
 
 
@@ -51,6 +54,9 @@ def _expected() -> Job:
         "w",
         T0 + timedelta(seconds=30),
         "boom",
+        None,
+        "key",
+        None,
         None,
     )
 

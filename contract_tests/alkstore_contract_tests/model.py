@@ -39,7 +39,7 @@ FAILED = "failed"
 EXPIRED = "expired"
 MAX_ERROR_CHARS = 65_536
 
-State = Literal["pending", "processing", "dead"]
+State = Literal["pending", "processing", "dead", "completed"]
 
 
 def stored_error_text(error: str) -> str:
@@ -85,6 +85,8 @@ class ModelJob:
     last_error: str | None = None
     died_at: datetime | None = None
     unique_key: str | None = None
+    finished_at: datetime | None = None
+    result_bytes: bytes | None = None
 
     def expired(self, now: datetime) -> bool:
         """docs/contract.md §3 "Boundaries": ``expires_at`` set and ``now >= expires_at``."""
@@ -127,6 +129,7 @@ class ModelStore:
 
     live: dict[int, ModelJob] = field(default_factory=dict)
     dead: dict[int, ModelJob] = field(default_factory=dict)
+    completed: dict[int, ModelJob] = field(default_factory=dict)
     paused: set[str] = field(default_factory=set)
 
     # -- enqueue ---------------------------------------------------------------
@@ -198,7 +201,7 @@ class ModelStore:
             if held is not None:
                 result.append(held)
                 continue
-            if job_id in self.live or job_id in self.dead:
+            if job_id in self.live or job_id in self.dead or job_id in self.completed:
                 raise AssertionError(f"id {job_id} reused")
             result.append(job_id)
             self.live[job_id] = ModelJob(
@@ -222,15 +225,16 @@ class ModelStore:
     # -- reads -----------------------------------------------------------------
 
     def get_job(self, queue: str, job_id: int) -> ModelJob | None:
-        """A copy of the live or dead row ``job_id`` of ``queue``, or ``None``."""
-        row = self.live.get(job_id) or self.dead.get(job_id)
+        """A copy of the live, dead or completed row ``job_id`` of ``queue``,
+        or ``None``."""
+        row = self.live.get(job_id) or self.dead.get(job_id) or self.completed.get(job_id)
         if row is None or row.queue != queue:
             return None
         return replace(row)
 
     def ids(self, queue: str) -> list[int]:
-        """Every live and dead id of ``queue``, ascending."""
-        rows = [*self.live.values(), *self.dead.values()]
+        """Every live, dead and completed id of ``queue``, ascending."""
+        rows = [*self.live.values(), *self.dead.values(), *self.completed.values()]
         return sorted(r.id for r in rows if r.queue == queue)
 
     def stats(self, queue: str, now: datetime) -> tuple[int, int, int, int]:
@@ -312,14 +316,26 @@ class ModelStore:
             return None
         return row
 
-    def ack(self, handle: ModelHandle, now: datetime) -> bool:
-        """``JobHandle.ack``: delete the row if the claim is valid."""
+    def ack(
+        self, handle: ModelHandle, now: datetime, keep: bool = False, result: bytes | None = None
+    ) -> bool:
+        """``JobHandle.ack``: if the claim is valid, delete the row, or with
+        ``keep`` (the acking handle keeps completed jobs) move it to the
+        completed rows with ``finished_at = now`` and ``result``."""
         row = self.valid_row(handle, now)
         if row is None:
             return False
-        del self.live[row.id]
+        self._finish_row(row, now, keep, result)
         handle.spent = True
         return True
+
+    def _finish_row(self, row: ModelJob, now: datetime, keep: bool, result: bytes | None) -> None:
+        del self.live[row.id]
+        if keep:
+            row.state = "completed"
+            row.finished_at = now
+            row.result_bytes = result
+            self.completed[row.id] = row
 
     def retry(
         self,
@@ -392,9 +408,12 @@ class ModelStore:
 
     # -- queue operations ------------------------------------------------------
 
-    def ack_batch(self, queue: str, job_ids: Iterable[int], now: datetime) -> int:
+    def ack_batch(
+        self, queue: str, job_ids: Iterable[int], now: datetime, keep: bool = False
+    ) -> int:
         """``Queue.ack_batch``: per distinct id, the validity predicate without
-        the claim identity (processing, not lapsed), no worker filter."""
+        the claim identity (processing, not lapsed), no worker filter; with
+        ``keep``, the rows are completed (no result)."""
         count = 0
         for job_id in dict.fromkeys(job_ids):
             row = self.live.get(job_id)
@@ -404,7 +423,7 @@ class ModelStore:
                 and row.state == "processing"
                 and not row.lapsed(now)
             ):
-                del self.live[job_id]
+                self._finish_row(row, now, keep, None)
                 count += 1
         return count
 
@@ -417,9 +436,15 @@ class ModelStore:
         return True
 
     def sweep_expired(
-        self, queue: str, retention_s: float | None, now: datetime
+        self,
+        queue: str,
+        retention_s: float | None,
+        now: datetime,
+        keep_completed_s: float | None = None,
     ) -> tuple[int, int]:
-        """``Queue.sweep_expired``: ``(expired, purged)``."""
+        """``Queue.sweep_expired``: ``(expired, purged)``; purged counts dead
+        rows past ``retention_s`` and completed rows that finished
+        ``keep_completed_s`` ago or more."""
         expired = 0
         for row in list(self.live.values()):
             if row.queue == queue and row.expired(now):
@@ -432,13 +457,20 @@ class ModelStore:
                 if row.queue == queue and row.died_at + _seconds(retention_s) <= now:
                     del self.dead[row.id]
                     purged += 1
+        if keep_completed_s is not None:
+            for row in list(self.completed.values()):
+                assert row.finished_at is not None
+                if row.queue == queue and row.finished_at + _seconds(keep_completed_s) <= now:
+                    del self.completed[row.id]
+                    purged += 1
         return expired, purged
 
     # -- operations (pause, dead letters) --------------------------------------
 
     def queue_names(self) -> list[str]:
-        """``Store.queue_names``: queues with live or dead rows, or paused."""
-        rows = [*self.live.values(), *self.dead.values()]
+        """``Store.queue_names``: queues with live, dead or completed rows, or
+        paused."""
+        rows = [*self.live.values(), *self.dead.values(), *self.completed.values()]
         return sorted({r.queue for r in rows} | self.paused)
 
     def set_paused(self, queue: str, paused: bool) -> bool:
@@ -487,6 +519,21 @@ class ModelStore:
         row.claim_deadline = None
         row.died_at = None
         self.live[job_id] = row
+        return True
+
+    def run_now(self, queue: str, job_id: int, now: datetime) -> bool:
+        """``Queue.run_now``: a pending row of ``queue`` not due yet and not
+        expired gets ``run_at = now``; whether one did."""
+        row = self.live.get(job_id)
+        if (
+            row is None
+            or row.queue != queue
+            or row.state != "pending"
+            or row.run_at <= now
+            or row.expired(now)
+        ):
+            return False
+        row.run_at = now
         return True
 
     def purge_dead(self, queue: str, older_than: float | timedelta | None, now: datetime) -> int:

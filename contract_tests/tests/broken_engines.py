@@ -276,8 +276,8 @@ class ReleaseUndoesClaimQueue(SqliteQueue):
 
 # -- (e3) a unique key checked before the insert ------------------------------
 
-_HOLDER = "SELECT id FROM _alkstore_jobs WHERE queue = ? AND unique_key = ?"
-_SET_KEY = "UPDATE _alkstore_jobs SET unique_key = ? WHERE id = ?"
+_HOLDER = "SELECT id FROM _alkstore_jobs WHERE queue = :queue AND unique_key = :key"
+_SET_KEY = "UPDATE _alkstore_jobs SET unique_key = :key WHERE id = :id"
 
 
 class CheckThenInsertQueue(SqliteQueue):
@@ -296,13 +296,14 @@ class CheckThenInsertQueue(SqliteQueue):
         pool = self._store._pool
         ids = []
         for payload, key in zip(payloads, unique_keys, strict=True):
-            held = None if key is None else pool.run(_fetchone, _HOLDER, (self.name, key))
+            found = {"queue": self.name, "key": key}
+            held = None if key is None else pool.run(_fetchone, _HOLDER, found)
             if held is not None:
                 ids.append(held[0])
                 continue
             time.sleep(0.01)  # the window every check-then-insert has
             (job_id,) = super()._insert(resolved, [payload], None)
-            pool.run(_rowcount, _SET_KEY, (key, job_id))
+            pool.run(_rowcount, _SET_KEY, {"key": key, "id": job_id})
             ids.append(job_id)
         return ids
 
@@ -310,10 +311,34 @@ class CheckThenInsertQueue(SqliteQueue):
 class CheckThenInsertStore(SqliteStore):
     def _prepare(self, migrate: bool) -> None:
         super()._prepare(migrate)
-        self._pool.run(_rowcount, "DROP INDEX IF EXISTS _alkstore_jobs_unique", ())
+        self._pool.run(_rowcount, "DROP INDEX IF EXISTS _alkstore_jobs_unique", {})
 
     def _open_queue(self, name: str, opts: QueueOpts) -> SqliteQueue:
         return CheckThenInsertQueue(self, name, opts)
+
+
+# -- (e4) completed jobs purged by their age, not by when they finished ------
+
+_PURGE_BY_AGE = """
+    DELETE FROM _alkstore_completed WHERE queue = :queue AND enqueued_at <= :cutoff
+"""
+
+
+class CompletedByAgeQueue(SqliteQueue):
+    """Purges completed jobs ``keep_completed_s`` after they were enqueued:
+    a job that waited or ran long is gone before its retention ends."""
+
+    def _sweep_expired(
+        self, retention_s: float | None, keep_completed_s: float | None
+    ) -> SweepResult:
+        result = super()._sweep_expired(retention_s, None)
+        if keep_completed_s is None:
+            return result
+        cutoff = to_us(self._store._now()) - round(keep_completed_s * 1e6)
+        purged = self._store._pool.run(
+            _rowcount, _PURGE_BY_AGE, {"queue": self.name, "cutoff": cutoff}
+        )
+        return SweepResult(result.expired, result.purged + purged)
 
 
 # -- (f) a paused queue's claim still dead-letters ---------------------------
@@ -544,14 +569,17 @@ class TwoStepMoveQueue(SqliteQueue):
         handles = super()._claim(worker_id, n)
         return [TwoStepMoveHandle(self, handle.job) for handle in handles]
 
-    def _sweep_expired(self, retention_s: float | None) -> SweepResult:
+    def _sweep_expired(
+        self, retention_s: float | None, keep_completed_s: float | None
+    ) -> SweepResult:
         params = {"queue": self.name, "now": to_us(self._store._now()), "error": EXPIRED}
         pool = self._store._pool
         expired = pool.run(_rowcount, bury_sql(_EXPIRED_NOW), params)
         if expired:
             time.sleep(_MOVE_GAP_S)
             pool.run(_rowcount, f"DELETE FROM _alkstore_jobs WHERE {_EXPIRED_NOW}", params)
-        return SweepResult(expired, super()._sweep_expired(retention_s).purged)
+        purged = super()._sweep_expired(retention_s, keep_completed_s).purged
+        return SweepResult(expired, purged)
 
     def _requeue(self, job_id: int, now: datetime, run_at: datetime) -> bool:
         if not -(2**63) <= job_id < 2**63:
@@ -626,6 +654,7 @@ QUEUE_CLASSES: dict[str, type[SqliteQueue]] = {
     "broken-dead": LeakyDeadLetterQueue,
     "broken-requeue": RequeueResetsAttemptsQueue,
     "broken-release": ReleaseUndoesClaimQueue,
+    "broken-completed": CompletedByAgeQueue,
     "broken-pause": PausedClaimBuriesQueue,
     "broken-ties": TiesByPathQueue,
     "broken-stats": LapsedUncountedQueue,
@@ -729,6 +758,10 @@ class RequeueResetsAttemptsHarness(_BrokenHarness):
 
 class ReleaseUndoesClaimHarness(_BrokenHarness):
     scheme = "broken-release"
+
+
+class CompletedByAgeHarness(_BrokenHarness):
+    scheme = "broken-completed"
 
 
 class CheckThenInsertHarness(_BrokenHarness):

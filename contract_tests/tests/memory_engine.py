@@ -264,6 +264,8 @@ class MemoryQueue(Queue):
             last_error=row.last_error,
             died_at=row.died_at,
             unique_key=row.unique_key,
+            finished_at=row.finished_at,
+            result_bytes=row.result_bytes,
         )
 
     def _insert(
@@ -298,6 +300,12 @@ class MemoryQueue(Queue):
             self.db.check_write()
             return self.db.model.ack_batch(self.name, job_ids, now)
 
+    def _complete_batch(self, job_ids: list[int]) -> int:
+        now = self._store._now()
+        with self.db.lock:
+            self.db.check_write()
+            return self.db.model.ack_batch(self.name, job_ids, now, keep=True)
+
     def _cancel(self, job_id: int) -> bool:
         with self.db.lock:
             return self.db.model.cancel(self.name, job_id)
@@ -307,10 +315,13 @@ class MemoryQueue(Queue):
             row = self.db.model.get_job(self.name, job_id)
             return None if row is None else self._job(row)
 
-    def _sweep_expired(self, retention_s: float | None) -> SweepResult:
+    def _sweep_expired(
+        self, retention_s: float | None, keep_completed_s: float | None
+    ) -> SweepResult:
         now = self._store._now()
         with self.db.lock:
-            return SweepResult(*self.db.model.sweep_expired(self.name, retention_s, now))
+            model = self.db.model
+            return SweepResult(*model.sweep_expired(self.name, retention_s, now, keep_completed_s))
 
     def _stats(self) -> QueueStats:
         now = self._store._now()
@@ -344,6 +355,13 @@ class MemoryQueue(Queue):
             self.db.wake(self.name)
         return moved
 
+    def _run_now(self, job_id: int, now: datetime) -> bool:
+        with self.db.lock:
+            made_due = self.db.model.run_now(self.name, job_id, now)
+        if made_due:
+            self.db.wake(self.name)
+        return made_due
+
     def _purge_dead(self, cutoff: datetime | None) -> int:
         with self.db.lock:
             if cutoff is None:
@@ -367,6 +385,12 @@ class MemoryHandle(JobHandle):
         with db.lock:
             db.check_write()
             return bool(db.model.ack(self._claim, now))
+
+    def _complete(self, result: bytes | None) -> bool:
+        now, db = self._now_and_db()
+        with db.lock:
+            db.check_write()
+            return bool(db.model.ack(self._claim, now, keep=True, result=result))
 
     def _retry(self, error: str, delay_s: float) -> bool:
         now, db = self._now_and_db()

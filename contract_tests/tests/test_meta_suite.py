@@ -112,6 +112,7 @@ STATS = (
 )
 RELEASE = "released or test_release_"
 UNIQUE = "enqueueing_one_key_at_once"
+COMPLETED = "completed"
 MOVES = "moving_job_twice or ack_racing_a_move"
 ACK_MANY = (
     "empty_is_empty or acks_each_valid_claim or stale_handle_acks or lapsed_claim_is_not_acked"
@@ -233,6 +234,11 @@ def test_a_unique_key_checked_before_the_insert_fails(run_suite: RunSuite) -> No
         "test_threads_enqueueing_one_key_at_once_store_one_job",
         "test_processes_enqueueing_one_key_at_once_store_one_job",
     }
+
+
+def test_completed_jobs_purged_by_their_age_fail(run_suite: RunSuite) -> None:
+    result = run_suite("broken_engines", "CompletedByAgeHarness", "-k", COMPLETED)
+    assert failed_tests(result) == {"test_a_sweep_purges_completed_jobs_after_the_retention"}
 
 
 def test_dead_lettering_by_a_paused_claim_fails(run_suite: RunSuite) -> None:
@@ -387,7 +393,7 @@ def test_an_async_enqueue_that_skips_validation_fails_aenqueue(run_suite: RunSui
 def test_the_sqlite_engine_passes_the_same_selection(run_suite: RunSuite) -> None:
     keys = (
         *(ORDER, STALE, RACE, DEAD, MODEL, REQUEUE, PAUSE, FIRE, TURN, POISON, TIES, STATS),
-        *(MOVES, ASYNC, ASYNC_RUNTIME),
+        *(MOVES, ASYNC, ASYNC_RUNTIME, RELEASE, UNIQUE, COMPLETED),
     )
     selection = " or ".join(f"({k})" for k in keys)
     result = run_suite("broken_engines", "SqliteHarness", "-k", selection)

@@ -1,4 +1,4 @@
-"""``pause``, ``resume``, ``cancel`` and ``dead list|requeue|purge``
+"""``pause``, ``resume``, ``cancel``, ``retry`` and ``dead list|requeue|purge``
 (docs/operations.md, docs/command.md)."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
+from typing import NoReturn
 
 import click
 
@@ -74,10 +75,53 @@ def cancel(ctx: Context, *, job_id: int, queues: tuple[str, ...], app_spec: str 
     if found is not None and cancelled:
         click.echo(f"cancelled job {job_id} of {found[0].name!r}")
         return
-    if found is not None and found[1].state == "dead":
-        fail(f"no live job {job_id}: it is a dead job of {found[0].name!r}")
+    if found is not None and found[1].state in ("dead", "completed"):
+        fail(f"no live job {job_id}: it is a {found[1].state} job of {found[0].name!r}")
+    _not_found(f"no live job {job_id}", handles)
+
+
+@cli.command()
+@click.argument("job_id", metavar="ID", type=JOB_ID)
+@click.option("-q", "--queue", "queues", multiple=True, metavar="QUEUE", help="Where to look.")
+@click.option("--app", "app_spec", envvar=APP_ENV, metavar="MODULE:APP", help="Its queues.")
+@click.pass_obj
+def retry(ctx: Context, *, job_id: int, queues: tuple[str, ...], app_spec: str | None) -> None:
+    """Run job ID now: a dead job is requeued (its budget renewed), a job
+    waiting out its retry backoff or its delay is made due (Queue.run_now).
+
+    The job is looked for as by cancel. Exits 1 when it is neither dead
+    nor waiting (running, due already, completed, or not found).
+    """
+    check_queue_names(ctx, queues)
+    with ctx.errors():
+        stack, handles = queues_of(ctx, queues, app_spec, migrate=False)
+        with stack:
+            found = next(((q, j) for q in handles if (j := q.get_job(job_id)) is not None), None)
+            if found is not None:
+                queue, job = found
+                if job.state == "dead" and queue.requeue(job_id):
+                    click.echo(f"requeued dead job {job_id} of {queue.name!r}: due now")
+                    return
+                if job.state == "pending" and queue.run_now(job_id):
+                    click.echo(f"job {job_id} of {queue.name!r} is due now")
+                    return
+    if found is not None:
+        queue, job = found
+        why = {
+            "pending": "due already",
+            "processing": "running",
+            "completed": "completed",
+            # A live job holds its unique key, or it was requeued meanwhile.
+            "dead": "dead, and could not be requeued (a live job holds its unique key?)",
+        }[job.state]
+        fail(f"job {job_id} of {queue.name!r} was not retried: it is {why}")
+    _not_found(f"no job {job_id}", handles)
+
+
+def _not_found(what: str, handles: list[Queue]) -> NoReturn:
+    """Fail saying ``what`` was not found in the queues looked in."""
     names = ", ".join(q.name for q in handles)
-    fail(f"no live job {job_id} in queue(s) {names}" if names else f"no live job {job_id}")
+    fail(f"{what} in queue(s) {names}" if names else what)
 
 
 #: The most characters of ``last_error`` that ``dead list`` shows.

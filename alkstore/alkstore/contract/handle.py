@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from alkstore.contract.job import FAILED, MAX_ATTEMPTS_EXCEEDED, Job, JobState, _JobField
 from alkstore.logic import validation as v
 from alkstore.logic.backoff import backoff_delay_s
+from alkstore.logic.codec import encode_result
 
 if TYPE_CHECKING:
     from alkstore.contract.queue import Queue
@@ -82,17 +83,34 @@ class JobHandle(abc.ABC):
             self._spent = True
         return took_effect
 
-    def ack(self) -> bool:
-        """Delete the job: it is done.
+    def ack(self, result: object = None) -> bool:
+        """The job is done: delete it, or, when the claiming queue handle
+        keeps completed jobs (``QueueOpts.keep_completed_s``), keep it as
+        ``"completed"`` with ``finished_at = now`` and ``result``
+        (docs/contract.md §3 "Completed jobs").
+
+        Parameters
+        ----------
+        result
+            A strict-JSON value kept as ``Job.result``; ``None`` keeps none.
+            Checked always, kept only by a queue that keeps completed jobs.
 
         Returns
         -------
         bool
             ``True`` if it took effect (see the class docstring).
+
+        Raises
+        ------
+        ValidationError
+            For a ``result`` the payload codec refuses, or ``bytes``.
         """
         self._queue.store._check_open()
+        data = encode_result(result)
         if self._spent:
             return False
+        if self._queue.opts.keep_completed_s is not None:
+            return self._finish(self._complete(data))
         return self._finish(self._ack())
 
     def retry(self, error: str, delay: object = None) -> bool:
@@ -200,6 +218,11 @@ class JobHandle(abc.ABC):
     @abc.abstractmethod
     def _ack(self) -> bool:
         """Delete the row if this claim is valid."""
+
+    @abc.abstractmethod
+    def _complete(self, result: bytes | None) -> bool:
+        """If valid: move the row to the completed rows in one atomic step,
+        with ``finished_at = now`` and ``result`` (JSON bytes or ``None``)."""
 
     @abc.abstractmethod
     def _retry(self, error: str, delay_s: float) -> bool:

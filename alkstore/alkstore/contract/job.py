@@ -9,7 +9,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar, overload
 
-from alkstore.logic.codec import decode_payload
+from alkstore.logic.codec import decode_payload, decode_result
 
 __all__ = [
     "FAILED",
@@ -22,7 +22,7 @@ __all__ = [
     "job_from_values",
 ]
 
-JobState = Literal["pending", "processing", "dead"]
+JobState = Literal["pending", "processing", "dead", "completed"]
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,10 @@ class Job:
     duration is seconds. ``died_at`` is ``None`` on live rows; a dead row
     keeps the ``attempts``, ``worker_id`` and ``claim_deadline`` of its last
     claim. ``unique_key`` is the key it was enqueued with, or ``None``
-    (docs/contract.md §3 "Unique keys").
+    (docs/contract.md §3 "Unique keys"). A ``"completed"`` job (kept by an
+    ack through a queue with ``keep_completed_s``) has ``finished_at`` and
+    its ``result_bytes`` (JSON, or ``None``); both are ``None`` on the others
+    (docs/contract.md §3 "Completed jobs").
     """
 
     id: int
@@ -55,6 +58,8 @@ class Job:
     last_error: str | None
     died_at: datetime | None
     unique_key: str | None
+    finished_at: datetime | None
+    result_bytes: bytes | None
 
     @cached_property
     def payload(self) -> Any:
@@ -62,6 +67,12 @@ class Job:
         else the JSON value (docs/contract.md §3 "Payload"). Decoded on first read, so a
         claim of many jobs does not pay for payloads nobody reads."""
         return decode_payload(self.payload_bytes, self.content_type)
+
+    @cached_property
+    def result(self) -> Any:
+        """The decoded result of a completed job: the JSON value its ack
+        stored, ``None`` when it stored none (and on every other state)."""
+        return decode_result(self.result_bytes)
 
 
 #: :class:`Job`'s dataclass fields in order (``payload`` is derived, not a field).
@@ -83,7 +94,8 @@ def job_from_values(values: Sequence[Any]) -> Job:
 
 class SweepResult(NamedTuple):
     """What :meth:`Queue.sweep_expired` did: rows moved to the dead table as
-    expired, and dead rows purged past their retention."""
+    expired, and rows purged past their retention (dead rows, and completed
+    ones when the handle keeps them)."""
 
     expired: int
     purged: int

@@ -286,8 +286,10 @@ class Queue(abc.ABC):
     # -- other operations ----------------------------------------------------
 
     def ack_batch(self, job_ids: Iterable[int]) -> int:
-        """Ack (delete) every listed job of this queue whose claim is valid:
+        """Ack every listed job of this queue whose claim is valid:
         processing and not lapsed, whoever holds it (docs/contract.md §3 "ack_batch(ids)").
+        Acked jobs are deleted, or kept as completed (without a result) when
+        this handle keeps completed jobs (``QueueOpts.keep_completed_s``).
 
         Returns
         -------
@@ -299,9 +301,13 @@ class Queue(abc.ABC):
         ids = v.job_ids(job_ids)
         if not ids:
             return 0
+        if self._opts.keep_completed_s is not None:
+            return self._complete_batch(ids)
         return self._ack_batch(ids)
 
-    def ack_many(self, handles: Iterable[JobHandle]) -> list[bool]:
+    def ack_many(
+        self, handles: Iterable[JobHandle], results: Iterable[object] | None = None
+    ) -> list[bool]:
         """Ack several claims of this queue at once, each exactly as its own
         :meth:`JobHandle.ack` would: a handle's claim is acked only if it is
         still valid, held by that claim (docs/contract.md §3 "Claim identity
@@ -313,6 +319,10 @@ class Queue(abc.ABC):
         ----------
         handles
             Iterable of :class:`JobHandle` of this queue (from this store).
+        results
+            ``None``, or one result per handle, in order, as each handle's
+            ``ack(result)`` takes it: kept when this queue handle keeps
+            completed jobs (docs/contract.md §3 "Completed jobs").
 
         Returns
         -------
@@ -350,17 +360,24 @@ class Queue(abc.ABC):
                     + ("" if item._queue.store is self._store else " of another store")
                     + f", not of {self._name!r}"
                 )
+        encoded = v.results_for(results, len(items))
         live: list[JobHandle] = []
-        for item in items:
+        kept: list[bytes | None] = []
+        for item, data in zip(items, encoded, strict=True):
             if not item._spent and all(item is not seen for seen in live):
                 live.append(item)
-        acked = {id(h) for h, done in zip(live, self._ack_many(live), strict=True) if done}
-        results: list[bool] = []
+                kept.append(data)
+        if self._opts.keep_completed_s is not None:
+            done_flags = self._complete_many(live, kept)
+        else:
+            done_flags = self._ack_many(live)
+        acked = {id(h) for h, done in zip(live, done_flags, strict=True) if done}
+        outcomes: list[bool] = []
         for item in items:
             took = id(item) in acked
             acked.discard(id(item))  # a handle listed again is acked once
-            results.append(item._finish(took))
-        return results
+            outcomes.append(item._finish(took))
+        return outcomes
 
     def cancel(self, job_id: int) -> bool:
         """Delete a pending or processing job of this queue unconditionally
@@ -382,11 +399,14 @@ class Queue(abc.ABC):
     def sweep_expired(self) -> SweepResult:
         """Move this queue's expired rows (pending or processing) to the dead
         table with ``last_error = "expired"``, then purge dead rows older than
-        this handle's ``opts.dead_letter_retention_s`` (``None`` keeps them).
-        Safe to run from many processes at once (docs/contract.md §3 "sweep_expired()").
+        this handle's ``opts.dead_letter_retention_s`` (``None`` keeps them)
+        and completed rows that finished ``opts.keep_completed_s`` ago or
+        more (``None`` purges none). Safe to run from many processes at once
+        (docs/contract.md §3 "sweep_expired()", "Completed jobs").
         """
         self._store._check_open()
-        return self._sweep_expired(self._opts.dead_letter_retention_s)
+        opts = self._opts
+        return self._sweep_expired(opts.dead_letter_retention_s, opts.keep_completed_s)
 
     def stats(self) -> QueueStats:
         """Count this queue's rows by state at one instant (docs/contract.md §3 "stats()")."""
@@ -523,6 +543,33 @@ class Queue(abc.ABC):
         now = self._store._now()
         return self._requeue(job_id, now, now + duration(delay_s))
 
+    def run_now(self, job_id: int) -> bool:
+        """Make a pending job of this queue that is not due yet due now: one
+        waiting out its retry backoff, or enqueued with a delay or a future
+        ``run_at`` (docs/contract.md §4 "Run now"; River's ``JobRetry`` of a
+        scheduled job). ``run_at`` becomes now; nothing else changes (its
+        attempts, budget, priority and expiry are kept). Wakes the queue's
+        subscribers.
+
+        Parameters
+        ----------
+        job_id
+            The waiting job's id.
+
+        Returns
+        -------
+        bool
+            ``False`` when this queue has no such waiting job: unknown,
+            already due, processing, dead or completed.
+
+        Raises
+        ------
+        StoreClosedError, ValidationError, EngineError
+        """
+        self._store._check_open()
+        job_id = v.job_id(job_id)
+        return self._run_now(job_id, self._store._now())
+
     def purge_dead(self, older_than: object = None) -> int:
         """Delete this queue's dead jobs that died at least ``older_than``
         ago (docs/contract.md §3's retention rule: ``died_at + older_than <= now``);
@@ -586,6 +633,17 @@ class Queue(abc.ABC):
         return [handle._ack() for handle in handles]
 
     @abc.abstractmethod
+    def _complete_batch(self, job_ids: list[int]) -> int:
+        """As :meth:`_ack_batch`, moving each valid claim to the completed
+        rows (``finished_at = now``, no result) instead of deleting it."""
+
+    def _complete_many(self, handles: list[JobHandle], results: list[bytes | None]) -> list[bool]:
+        """As :meth:`_ack_many`, moving each valid claim to the completed
+        rows with its result, as its handle's ``_complete(result)`` would.
+        This default completes them one by one."""
+        return [handle._complete(result) for handle, result in zip(handles, results, strict=True)]
+
+    @abc.abstractmethod
     def _cancel(self, job_id: int) -> bool:
         """Delete a live row; ``True`` if one was deleted."""
 
@@ -594,8 +652,12 @@ class Queue(abc.ABC):
         """Read a live or dead row of this queue."""
 
     @abc.abstractmethod
-    def _sweep_expired(self, retention_s: float | None) -> SweepResult:
-        """Dead-letter expired rows, then purge dead rows past retention."""
+    def _sweep_expired(
+        self, retention_s: float | None, keep_completed_s: float | None
+    ) -> SweepResult:
+        """Dead-letter expired rows, then purge dead rows past
+        ``retention_s`` and, unless ``keep_completed_s`` is ``None``,
+        completed rows that finished at least that long ago."""
 
     @abc.abstractmethod
     def _stats(self) -> QueueStats:
@@ -633,6 +695,12 @@ class Queue(abc.ABC):
         (NULL stays NULL), ``worker_id``/``claim_deadline``/``died_at``
         cleared, everything else kept; wake the subscribers on commit.
         ``False`` when there is no such dead row."""
+
+    @abc.abstractmethod
+    def _run_now(self, job_id: int, now: datetime) -> bool:
+        """If the row is a pending one of this queue with ``run_at > now``,
+        set ``run_at = now`` in one atomic step (and wake the queue's
+        subscribers once committed); whether it did."""
 
     @abc.abstractmethod
     def _purge_dead(self, cutoff: datetime | None) -> int:

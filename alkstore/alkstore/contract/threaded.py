@@ -293,9 +293,15 @@ class ThreadedAsyncQueue(AsyncQueue):
     async def _ack_many(self, handles: list[AsyncJobHandle]) -> list[bool]:
         # The sync queue's batch, on its own handles: one statement or one
         # transaction, as the engine wrote it.
-        sync = [handle._sync for handle in handles if isinstance(handle, ThreadedAsyncJobHandle)]
-        assert len(sync) == len(handles), "a handle of another store passed the check"
-        return await self._threaded._run(self._sync._ack_many, sync)
+        return await self._threaded._run(self._sync._ack_many, _sync_handles(handles))
+
+    async def _complete_batch(self, job_ids: list[int]) -> int:
+        return await self._threaded._run(self._sync._complete_batch, job_ids)
+
+    async def _complete_many(
+        self, handles: list[AsyncJobHandle], results: list[bytes | None]
+    ) -> list[bool]:
+        return await self._threaded._run(self._sync._complete_many, _sync_handles(handles), results)
 
     async def _cancel(self, job_id: int) -> bool:
         return await self._threaded._run(self._sync._cancel, job_id)
@@ -303,8 +309,10 @@ class ThreadedAsyncQueue(AsyncQueue):
     async def _get_job(self, job_id: int) -> Job | None:
         return await self._threaded._run(self._sync._get_job, job_id)
 
-    async def _sweep_expired(self, retention_s: float | None) -> SweepResult:
-        return await self._threaded._run(self._sync._sweep_expired, retention_s)
+    async def _sweep_expired(
+        self, retention_s: float | None, keep_completed_s: float | None
+    ) -> SweepResult:
+        return await self._threaded._run(self._sync._sweep_expired, retention_s, keep_completed_s)
 
     async def _stats(self) -> QueueStats:
         return await self._threaded._run(self._sync._stats)
@@ -324,8 +332,18 @@ class ThreadedAsyncQueue(AsyncQueue):
     async def _requeue(self, job_id: int, now: datetime, run_at: datetime) -> bool:
         return await self._threaded._run(self._sync._requeue, job_id, now, run_at)
 
+    async def _run_now(self, job_id: int, now: datetime) -> bool:
+        return await self._threaded._run(self._sync._run_now, job_id, now)
+
     async def _purge_dead(self, cutoff: datetime | None) -> int:
         return await self._threaded._run(self._sync._purge_dead, cutoff)
+
+
+def _sync_handles(handles: list[AsyncJobHandle]) -> list[JobHandle]:
+    """The sync handles under this facade's handles (all of them are)."""
+    sync = [handle._sync for handle in handles if isinstance(handle, ThreadedAsyncJobHandle)]
+    assert len(sync) == len(handles), "a handle of another store passed the check"
+    return sync
 
 
 class ThreadedAsyncJobHandle(AsyncJobHandle):
@@ -339,6 +357,9 @@ class ThreadedAsyncJobHandle(AsyncJobHandle):
 
     async def _ack(self) -> bool:
         return await self._threaded._run(self._sync._ack)
+
+    async def _complete(self, result: bytes | None) -> bool:
+        return await self._threaded._run(self._sync._complete, result)
 
     async def _retry(self, error: str, delay_s: float) -> bool:
         return await self._threaded._run(self._sync._retry, error, delay_s)

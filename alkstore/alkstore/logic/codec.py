@@ -25,8 +25,10 @@ __all__ = [
     "OCTET_STREAM",
     "EncodedPayload",
     "decode_payload",
+    "decode_result",
     "encode_payload",
     "encode_payloads",
+    "encode_result",
 ]
 
 JSON = "application/json"
@@ -230,6 +232,32 @@ def encode_payloads(payloads: Iterable[object]) -> list[EncodedPayload]:
         except ValidationError as error:
             raise ValidationError(f"payloads[{index}]: {error}") from None
     return encoded
+
+
+def encode_result(result: object) -> bytes | None:
+    """Encode a completed job's result (docs/contract.md §3 "Completed jobs"):
+    ``None`` stores nothing; anything else must be strict JSON, as a
+    payload (``bytes`` are refused: a result is read back as JSON).
+
+    Raises
+    ------
+    ValidationError
+        For a value the payload codec refuses, or ``bytes``; the message
+        starts with ``result:``.
+    """
+    if result is None:
+        return None
+    if type(result) is bytes:
+        raise ValidationError("result: bytes are not a JSON value; a result must be strict JSON")
+    try:
+        return encode_payload(result).data
+    except ValidationError as error:
+        raise ValidationError(f"result: {error}") from None
+
+
+def decode_result(data: bytes | None) -> Any:
+    """The value :func:`encode_result` stored (``None`` for none)."""
+    return None if data is None else decode_payload(data, JSON)
 
 
 def decode_payload(data: bytes, content_type: str) -> Any:

@@ -51,6 +51,12 @@ class QueueOpts:
     dead_letter_retention_s
         ``None`` (keep forever) or ``>= 0``: read by
         :meth:`Queue.sweep_expired` from the calling handle, not stamped.
+    keep_completed_s
+        ``None`` (an ack deletes the job) or ``>= 0``: an ack through this
+        handle keeps the job as ``"completed"``, with ``finished_at`` and
+        its result, and :meth:`Queue.sweep_expired` through this handle
+        purges completed jobs this long after they finished
+        (docs/contract.md §3 "Completed jobs"). Not stamped.
 
     Raises
     ------
@@ -65,6 +71,7 @@ class QueueOpts:
     backoff_cap_s: int = 3600
     expires_s: float | None = None
     dead_letter_retention_s: float | None = None
+    keep_completed_s: float | None = None
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:
@@ -97,3 +104,5 @@ class QueueOpts:
                 "dead_letter_retention_s",
                 v.duration_s(self.dead_letter_retention_s, "dead_letter_retention_s"),
             )
+        if self.keep_completed_s is not None:
+            put("keep_completed_s", v.duration_s(self.keep_completed_s, "keep_completed_s"))

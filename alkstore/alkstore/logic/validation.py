@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import cast
 
 from alkstore.errors import ValidationError
+from alkstore.logic.codec import encode_result
 
 __all__ = [
     "MAX_DURATION_S",
@@ -28,6 +29,7 @@ __all__ = [
     "job_id",
     "job_ids",
     "queue_name",
+    "results_for",
     "unique_key",
     "unique_keys",
     "worker_id",
@@ -281,6 +283,37 @@ def unique_key(value: object, what: str = "unique_key") -> str | None:
         Otherwise.
     """
     return None if value is None else _stored_text(value, what, MAX_UNIQUE_KEY_CHARS)
+
+
+def results_for(value: object, count: int) -> list[bytes | None]:
+    """Check and encode ``ack_many``'s ``results``: ``None`` (no result for
+    any handle), or a collection of ``count`` values, one per handle, each
+    as ``ack(result)`` takes it (:func:`alkstore.logic.codec.encode_result`).
+
+    Raises
+    ------
+    ValidationError
+        For a ``str``, a non-collection, a length other than ``count``, or
+        a value the codec refuses (the message names its index, ``results[3]``).
+    """
+    if value is None:
+        return [None] * count
+    if not is_collection(value):
+        raise ValidationError(
+            f"results must be a list with one result per handle, not {type(value).__name__}"
+        )
+    values = list(cast(Iterable[object], value))
+    if len(values) != count:
+        raise ValidationError(
+            f"results must have one result per handle: {count} handles, {len(values)} results"
+        )
+    encoded = []
+    for index, result in enumerate(values):
+        try:
+            encoded.append(encode_result(result))
+        except ValidationError as error:
+            raise ValidationError(f"results[{index}]: {error}") from None
+    return encoded
 
 
 def unique_keys(value: object, count: int) -> list[str | None] | None:

@@ -47,6 +47,11 @@ class AsyncSweeper:
         Dead-letter retention per queue name (seconds or ``timedelta``, or
         ``None`` to keep), as ``QueueOpts.dead_letter_retention_s``; queues
         not named keep their dead jobs.
+    keep_completed
+        Completed-job retention per queue name (seconds or ``timedelta``),
+        as ``QueueOpts.keep_completed_s``: completed jobs that finished
+        that long ago are purged (docs/contract.md §3 "Completed jobs");
+        queues not named keep theirs.
 
     Raises
     ------
@@ -60,21 +65,17 @@ class AsyncSweeper:
         *,
         interval_s: object = DEFAULT_SWEEP_INTERVAL_S,
         retention: Mapping[str, object] | None = None,
+        keep_completed: Mapping[str, object] | None = None,
     ) -> None:
         self._store = check_async_store(store, "AsyncSweeper")
-        if retention is not None and not isinstance(retention, Mapping):
-            raise ValidationError(
-                "retention must map queue names to seconds (a dict), "
-                f"not {type(retention).__name__}"
-            )
+        dead = _retention_map(retention, "retention")
+        completed = _retention_map(keep_completed, "keep_completed")
         self._interval_s = v.duration_s(interval_s, "interval_s", positive=True)
         self._opts = {
-            v.queue_name(name): QueueOpts(
-                dead_letter_retention_s=None
-                if seconds is None
-                else v.duration_s(seconds, f"retention of {name!r}")
+            name: QueueOpts(
+                dead_letter_retention_s=dead.get(name), keep_completed_s=completed.get(name)
             )
-            for name, seconds in (retention or {}).items()
+            for name in {**dead, **completed}
         }
 
     def __repr__(self) -> str:
@@ -110,9 +111,24 @@ class AsyncSweeper:
                 result = results[name] = await queue.sweep_expired()
                 if result.expired or result.purged:
                     log.info(
-                        "queue %r: %d expired job(s) dead-lettered, %d dead job(s) purged",
+                        "queue %r: %d expired job(s) dead-lettered, %d dead or completed job(s) "
+                        "purged",
                         name,
                         result.expired,
                         result.purged,
                     )
             return results
+
+
+def _retention_map(given: Mapping[str, object] | None, what: str) -> dict[str, float]:
+    """A per-queue retention argument, checked: queue name to seconds
+    (``None`` entries dropped: kept forever)."""
+    if given is not None and not isinstance(given, Mapping):
+        raise ValidationError(
+            f"{what} must map queue names to seconds (a dict), not {type(given).__name__}"
+        )
+    return {
+        v.queue_name(name): v.duration_s(seconds, f"{what} of {name!r}")
+        for name, seconds in (given or {}).items()
+        if seconds is not None
+    }

@@ -57,6 +57,7 @@ from alkstore.contract.handle import MAX_ATTEMPTS_EXCEEDED, JobHandle
 from alkstore.errors import EngineError, StoreClosedError, ValidationError
 from alkstore.logic import validation as v
 from alkstore.logic.callbacks import NotRunError, call_async, call_sync, handler_kind
+from alkstore.logic.codec import encode_result
 from alkstore.runtime._caller import coroutines_on
 from alkstore.runtime.completer import Completer
 from alkstore.runtime.context import JobContext
@@ -164,6 +165,9 @@ class _Finished(NamedTuple):
     task_name: str
     duration_s: float
     lease: Lease
+    #: What the handler returned, kept as the job's result when its queue
+    #: keeps completed jobs (checked by the codec before it got here).
+    result: object = None
 
 
 class _Resolved(NamedTuple):
@@ -867,12 +871,13 @@ class Worker:
             # Every queue the app declares, served here or not: the sweep's
             # turn is fleet-wide, so whichever worker takes it applies them.
             known = [*self._queue_names, *self._app.queue_names, *self._app.relays]
-            retention = {
-                name: seconds
-                for name in dict.fromkeys(known)
-                if (seconds := self._app.queue_opts(name).dead_letter_retention_s) is not None
-            }
-            sweeper = Sweeper(store, interval_s=self._sweep_interval_s, retention=retention)
+            opts = {name: self._app.queue_opts(name) for name in dict.fromkeys(known)}
+            sweeper = Sweeper(
+                store,
+                interval_s=self._sweep_interval_s,
+                retention={name: o.dead_letter_retention_s for name, o in opts.items()},
+                keep_completed={name: o.keep_completed_s for name, o in opts.items()},
+            )
             chores.append(_Chore("sweeping", self._sweep_interval_s, sweeper.run_once))
         if self._tick_interval_s is not None:
             chores.append(
@@ -1305,17 +1310,19 @@ class Worker:
         started = time.monotonic()
         resolved = self._resolve(handle)
         raised: BaseException | None = None
+        returned: object = None
         task, call = resolved.task, resolved.call
         if task is not None and call is not None:
             args = _arguments(task, call, lease)
             try:
                 if task.is_async:  # registered after the claim round looked: awaited from here
-                    self._await_here(call_async(task.func, "task", args, call.kwargs))
+                    returned = self._await_here(call_async(task.func, "task", args, call.kwargs))
                 else:
-                    call_sync(task.func, "task", args, call.kwargs)
+                    returned = call_sync(task.func, "task", args, call.kwargs)
             except BaseException as exc:
                 raised = exc
-        return self._conclude(handle, lease, resolved, raised, time.monotonic() - started)
+        duration_s = time.monotonic() - started
+        return self._conclude(handle, lease, resolved, raised, duration_s, returned=returned)
 
     # -- async tasks (docs/tasks-and-workers.md "Async tasks") -----------------
     #
@@ -1421,11 +1428,12 @@ class Worker:
             except IndexError:
                 return taken
 
-    def _await_here(self, coroutine: Coroutine[Any, Any, object]) -> None:
-        """Run ``coroutine`` on the event loop and wait for it on this thread."""
+    def _await_here(self, coroutine: Coroutine[Any, Any, object]) -> object:
+        """Run ``coroutine`` on the event loop and wait for it on this
+        thread; return what it returned."""
         import asyncio
 
-        asyncio.run_coroutine_threadsafe(coroutine, self._ensure_event_loop()).result()
+        return asyncio.run_coroutine_threadsafe(coroutine, self._ensure_event_loop()).result()
 
     def _begin(self) -> None:
         """On the event loop: start the coroutines of the jobs handed to it,
@@ -1461,6 +1469,7 @@ class Worker:
 
         started = time.monotonic()
         raised: BaseException | None = None
+        returned: object = None
         try:
             resolved = self._resolve(job.handle)
         except BaseException as exc:  # a bug here, not the handler's doing
@@ -1470,7 +1479,8 @@ class Worker:
         try:
             if resolved.task is not None and resolved.call is not None:
                 args = _arguments(resolved.task, resolved.call, job.lease)
-                await call_async(resolved.task.func, "task", args, resolved.call.kwargs)
+                task_func = resolved.task.func
+                returned = await call_async(task_func, "task", args, resolved.call.kwargs)
         except asyncio.CancelledError as exc:
             if job.token not in self._abandoned:  # not the worker's: an exception like any
                 raised = exc
@@ -1489,7 +1499,9 @@ class Worker:
                 job.token,
                 job.handle,
                 job.lease,
-                lambda: self._conclude(job.handle, job.lease, resolved, raised, duration_s),
+                lambda: self._conclude(
+                    job.handle, job.lease, resolved, raised, duration_s, returned=returned
+                ),
             )
         )
 
@@ -1573,10 +1585,13 @@ class Worker:
         resolved: _Resolved,
         raised: BaseException | None,
         duration_s: float,
+        *,
+        returned: object = None,
     ) -> Outcome | None:
         """Record a job's outcome (off the event loop): hand a success to
         the completer, write a retry or a failure; return the outcome, or
-        ``None`` when the completer has it."""
+        ``None`` when the completer has it. ``returned`` is what the handler
+        returned: the job's result when its queue keeps completed jobs."""
         task_name = resolved.task_name
         action: Literal["ack", "retry", "fail"] = "ack"
         error: str | None = None
@@ -1592,7 +1607,20 @@ class Worker:
             action, error, delay_s = "retry", raised.message, raised.delay_s
         elif raised is not None:
             action, error, exc_info = "retry", describe_exception(raised), raised
-        if action == "ack" and self._completer.add(_Finished(handle, task_name, duration_s, lease)):
+        result: object = None
+        if action == "ack" and returned is not None and self._keeps_completed(handle.queue):
+            try:
+                encode_result(returned)
+            except ValidationError as refused:
+                action = "fail"
+                error = (
+                    f"task {task_name!r} returned a value its queue cannot keep as the "
+                    f"job's result: {refused}"
+                )
+            else:
+                result = returned
+        finished = _Finished(handle, task_name, duration_s, lease, result)
+        if action == "ack" and self._completer.add(finished):
             return None  # still heartbeaten until the completer's flush
         # Heartbeaten until the outcome is written, which a passing fault
         # may hold up (case 015); a heartbeat refused from now on is the
@@ -1601,7 +1629,7 @@ class Worker:
         writing = time.monotonic()
         try:
             took = write_while_held(
-                lambda: self._write_outcome(handle, action, error, delay_s),
+                lambda: self._write_outcome(handle, action, error, delay_s, result),
                 [lease],
                 f"recording the outcome of job {handle.id} of {handle.queue!r}",
                 stop=self._abort,
@@ -1651,12 +1679,18 @@ class Worker:
             log.exception("logging the outcome of job %s of %r failed", handle.id, handle.queue)
         return outcome
 
+    def _keeps_completed(self, name: str) -> bool:
+        """Whether the worker's handle on queue ``name`` keeps completed jobs
+        (``QueueOpts.keep_completed_s``), so a handler's return value is kept."""
+        queue = self._queues_by_name.get(name) or self._app.queue(name)
+        return queue.opts.keep_completed_s is not None
+
     @staticmethod
     def _write_outcome(
-        handle: JobHandle, action: str, error: str | None, delay_s: float | None
+        handle: JobHandle, action: str, error: str | None, delay_s: float | None, result: object
     ) -> bool:
         if action == "ack":
-            return handle.ack()
+            return handle.ack(result)
         if action == "retry":
             return retry_or_bury(handle, error if error is not None else "retry requested", delay_s)
         return handle.fail(error)
@@ -1677,6 +1711,9 @@ class Worker:
     def _ack_queue_batch(self, name: str, items: list[_Finished]) -> None:
         handles = [item.handle for item in items]
         leases = [item.lease for item in items]
+        results: list[object] | None = [item.result for item in items]
+        if not any(result is not None for result in results or ()):
+            results = None
         for lease in leases:
             # A beat refused from now on is the ack's doing, not a lost claim.
             lease.done = True
@@ -1685,7 +1722,7 @@ class Worker:
         def ack(queue: Queue) -> list[bool]:
             nonlocal attempts
             attempts += 1
-            return queue.ack_many(handles)
+            return queue.ack_many(handles, results)
 
         writing = time.monotonic()
         acked: list[bool] | None

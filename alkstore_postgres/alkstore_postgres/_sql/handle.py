@@ -14,7 +14,7 @@ from psycopg import sql
 from alkstore_postgres._rows import MOVED_COLUMNS
 from alkstore_postgres._schema import Statement
 
-__all__ = ["ACK", "DEAD_LETTER", "HEARTBEAT", "MICROSECOND", "RELEASE", "RETRY"]
+__all__ = ["ACK", "COMPLETE", "DEAD_LETTER", "HEARTBEAT", "MICROSECOND", "RELEASE", "RETRY"]
 
 #: The shortest extension of a claim (a heartbeat never leaves it lapsed).
 MICROSECOND = timedelta(microseconds=1)
@@ -39,6 +39,16 @@ DEAD_LETTER = Statement(
         "WITH moved AS (DELETE FROM {jobs} WHERE " + _VALID + " RETURNING {moved}) "
         "INSERT INTO {dead} ({moved}, last_error, died_at) "
         "SELECT {moved}, %(error)s, %(now)s FROM moved"
+    ),
+    moved=MOVED_COLUMNS,
+)
+
+# As DEAD_LETTER, to the completed table (docs/contract.md §3 "Completed jobs").
+COMPLETE = Statement(
+    sql.SQL(
+        "WITH moved AS (DELETE FROM {jobs} WHERE " + _VALID + " RETURNING {moved}, last_error) "
+        "INSERT INTO {completed} ({moved}, last_error, finished_at, result) "
+        "SELECT {moved}, last_error, %(now)s, %(result)s::bytea FROM moved"
     ),
     moved=MOVED_COLUMNS,
 )

@@ -25,6 +25,7 @@ __all__ = [
     "QUEUE_NAMES",
     "REQUEUE",
     "RESUME",
+    "RUN_NOW",
     "dead_jobs_lower",
     "dead_jobs_query",
     "requeue_params",
@@ -102,6 +103,21 @@ REQUEUE = sql.SQL("""
     SELECT count(*) FROM wake
 """)
 
+# A waiting job made due now (docs/contract.md §4 "Run now"): only a pending
+# one not due yet and not expired; into the claim's walk. The wake goes
+# with the commit, and only when a row changed.
+RUN_NOW = sql.SQL("""
+    WITH due AS (
+        UPDATE {jobs} SET run_at = %(now)s, state = 'pending'
+        WHERE id = %(id)s AND queue = %(queue)s AND state IN ('pending', 'scheduled')
+          AND run_at > %(now)s AND (expires_at IS NULL OR expires_at > %(now)s)
+        RETURNING 1
+    ), wake AS (
+        SELECT pg_notify(%(channel)s, '') FROM due
+    )
+    SELECT count(*) FROM wake
+""")
+
 # A range of dead_died (queue, died_at).
 PURGE_DEAD = sql.SQL("""
     DELETE FROM {dead}
@@ -130,11 +146,12 @@ _SCANS = (
     # Every 'expired' row has an expires_at: jobs_expiry holds them all.
     ("q_expiring", "{jobs}", "expires_at IS NOT NULL"),
     ("q_dead", "{dead}", "true"),
+    ("q_completed", "{completed}", "true"),
 )
 
 #: The queue listing: a loose index scan of each live state's partial index
-#: and of ``jobs_expiry`` (together every live row) and of ``dead_queue``,
-#: and the paused queues.
+#: and of ``jobs_expiry`` (together every live row), of ``dead_queue`` and
+#: ``completed_finished``, and the paused queues.
 QUEUE_NAMES = sql.SQL(
     "WITH RECURSIVE"
     + ",".join(_loose_scan(*scan) for scan in _SCANS)

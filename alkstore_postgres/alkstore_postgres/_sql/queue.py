@@ -18,13 +18,15 @@ from psycopg import sql
 from alkstore import Job, SweepResult
 from alkstore.engine import EXPIRED, MAX_ATTEMPTS_EXCEEDED, EncodedPayload, Resolved, duration
 from alkstore_postgres._connection import ByteaArray
-from alkstore_postgres._rows import DEAD_COLUMNS, LIVE_COLUMNS, MOVED_COLUMNS
+from alkstore_postgres._rows import COMPLETED_COLUMNS, DEAD_COLUMNS, LIVE_COLUMNS, MOVED_COLUMNS
 from alkstore_postgres._schema import Statement, numbered, render
 
 __all__ = [
     "ACK_BATCH",
     "ACK_MANY",
     "CANCEL",
+    "COMPLETE_BATCH",
+    "COMPLETE_MANY",
     "CLAIM",
     "CLAIM_PARAMETERS",
     "DEADLOCK_ATTEMPTS",
@@ -324,6 +326,39 @@ ACK_BATCH = sql.SQL("""
       AND state NOT IN ('pending', 'scheduled') AND claim_deadline > %(now)s
 """)
 
+# ACK_BATCH and ACK_MANY for a queue that keeps completed jobs: the rows
+# move to the completed table in the same statement (docs/contract.md §3
+# "Completed jobs"); the insert's row count is the deleted rows'.
+COMPLETE_BATCH = Statement(
+    sql.SQL("""
+    WITH moved AS (
+        DELETE FROM {jobs}
+        WHERE id = ANY(%(ids)s::bigint[]) AND queue = %(queue)s
+          AND state NOT IN ('pending', 'scheduled') AND claim_deadline > %(now)s
+        RETURNING {moved}, last_error
+    )
+    INSERT INTO {completed} ({moved}, last_error, finished_at)
+    SELECT {moved}, last_error, %(now)s FROM moved
+"""),
+    moved=MOVED_COLUMNS,
+)
+COMPLETE_MANY = Statement(
+    sql.SQL("""
+    WITH moved AS (
+        DELETE FROM {jobs} j
+        USING unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::bytea[])
+            AS c(id, attempts, result)
+        WHERE j.id = c.id AND j.attempts = c.attempts AND j.queue = %(queue)s
+          AND j.state NOT IN ('pending', 'scheduled') AND j.claim_deadline > %(now)s
+        RETURNING j.*, c.result
+    )
+    INSERT INTO {completed} ({moved}, last_error, finished_at, result)
+    SELECT {moved}, last_error, %(now)s, result FROM moved
+    RETURNING id, attempts
+"""),
+    moved=MOVED_COLUMNS,
+)
+
 # Each (id, attempts) pair as the handle's own validity test (_sql.handle._VALID).
 ACK_MANY = sql.SQL("""
     DELETE FROM {jobs} j
@@ -341,9 +376,12 @@ GET_JOB = Statement(
     SELECT {live} FROM {jobs} WHERE id = %(id)s AND queue = %(queue)s
     UNION ALL
     SELECT {dead_columns} FROM {dead} WHERE id = %(id)s AND queue = %(queue)s
+    UNION ALL
+    SELECT {completed_columns} FROM {completed} WHERE id = %(id)s AND queue = %(queue)s
 """),
     live=LIVE_COLUMNS,
     dead_columns=DEAD_COLUMNS,
+    completed_columns=COMPLETED_COLUMNS,
 )
 
 # SKIP LOCKED on both steps: sweepers running at once split the rows
@@ -371,8 +409,13 @@ SWEEP_EXPIRED = Statement(
     ), purged AS (
         DELETE FROM {dead} WHERE id IN (SELECT id FROM old)
         RETURNING 1
+    ), finished AS (
+        DELETE FROM {completed}
+        WHERE queue = %(queue)s AND finished_at <= %(finished_before)s::timestamptz
+        RETURNING 1
     )
-    SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM purged)
+    SELECT (SELECT count(*) FROM moved),
+           (SELECT count(*) FROM purged) + (SELECT count(*) FROM finished)
 """),
     moved=MOVED_COLUMNS,
     expired=sql.Literal(EXPIRED),
@@ -524,21 +567,31 @@ def inserted_ids(row: Sequence[Any] | None, count: int) -> list[int]:
     return [row[0]] if count == 1 else sorted(row[0])
 
 
-def sweep_params(queue: str, now: datetime, retention_s: float | None) -> dict[str, Any]:
+def sweep_params(
+    queue: str, now: datetime, retention_s: float | None, keep_completed_s: float | None
+) -> dict[str, Any]:
     """:data:`SWEEP_EXPIRED`'s parameters: dead rows older than
-    ``retention_s`` (``None``: kept) are purged."""
-    cutoff = None
-    if retention_s is not None:
-        try:
-            cutoff = now - duration(retention_s)
-        except OverflowError:
-            cutoff = None  # before year 1: nothing can be that old
+    ``retention_s`` (``None``: kept) are purged, and completed rows that
+    finished ``keep_completed_s`` ago or more (``None``: none)."""
+    cutoff = _before(now, retention_s)
     return {
         "queue": queue,
         "now": now,
         "cutoff": cutoff,
         "keep_moved": cutoff is None or cutoff < now,
+        "finished_before": _before(now, keep_completed_s),
     }
+
+
+def _before(now: datetime, age_s: float | None) -> datetime | None:
+    # The instant ``age_s`` before now; None for no age, or before year 1
+    # (nothing can be that old).
+    if age_s is None:
+        return None
+    try:
+        return now - duration(age_s)
+    except OverflowError:
+        return None
 
 
 def sweep_result(row: Sequence[Any] | None, params: dict[str, Any]) -> SweepResult:

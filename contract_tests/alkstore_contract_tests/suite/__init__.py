@@ -20,6 +20,7 @@ from alkstore_contract_tests.suite.async_surface import (
 from alkstore_contract_tests.suite.async_worker import AsyncWorkerTests
 from alkstore_contract_tests.suite.cases import HandedCaseTests
 from alkstore_contract_tests.suite.claim import ClaimTests, HandleValidityTests
+from alkstore_contract_tests.suite.completed import CompletedJobTests
 from alkstore_contract_tests.suite.concurrency import (
     ForkTests,
     ProcessConcurrencyTests,
@@ -39,6 +40,7 @@ from alkstore_contract_tests.suite.operations import (
     DeadLetterOpsTests,
     PauseTests,
     QueueNamesTests,
+    RunNowTests,
 )
 from alkstore_contract_tests.suite.outbox import OutboxTests
 from alkstore_contract_tests.suite.payload import ErrorTextTests, PayloadTests
@@ -78,6 +80,7 @@ __all__ = [
     "CancelTests",
     "ClaimTests",
     "ClosedStoreTests",
+    "CompletedJobTests",
     "ContractSuite",
     "DeadLetterOpsTests",
     "DeadLetterTests",
@@ -99,6 +102,7 @@ __all__ = [
     "ProcessConcurrencyTests",
     "QueueNamesTests",
     "RetryTests",
+    "RunNowTests",
     "ScheduleTests",
     "SchedulerConcurrencyTests",
     "SchemaTests",
@@ -135,6 +139,7 @@ class ContractSuite(
     AckManyTests,
     CancelTests,
     GetJobTests,
+    CompletedJobTests,
     SweepTests,
     StatsTests,
     IsolationTests,
@@ -143,6 +148,7 @@ class ContractSuite(
     UniqueKeyTests,
     PauseTests,
     DeadLetterOpsTests,
+    RunNowTests,
     QueueNamesTests,
     ScheduleTests,
     SweeperTests,

@@ -90,6 +90,29 @@ class AsyncWorkerTests(WorkerFixtures):
 
     # -- outcomes ------------------------------------------------------------
 
+    def test_async_worker_keeps_an_async_tasks_return_value(
+        self, worker_apps: AppFactory, worker_clock: ManualClock
+    ) -> None:
+        """docs/contract.md §3 "Completed jobs": what the coroutine returned
+        is the completed job's result."""
+        app = worker_apps(clock=worker_clock)
+
+        @app.task(queue="kept", name="fetch", keep_completed_s=60)
+        async def fetch(url: str) -> dict[str, object]:
+            await asyncio.sleep(0)
+            return {"url": url, "status": 200}
+
+        job_id = fetch.enqueue("https://example.com/")
+        assert app.worker(["kept"], handle_signals=False).run(burst=True) == WorkerCounts(
+            succeeded=1
+        )
+        done = app.queue("kept").get_job(job_id)
+        assert done is not None
+        assert (done.state, done.result) == (
+            "completed",
+            {"url": "https://example.com/", "status": 200},
+        )
+
     def test_async_worker_each_outcome_reaches_the_store(
         self, worker_apps: AppFactory, worker_clock: ManualClock
     ) -> None:

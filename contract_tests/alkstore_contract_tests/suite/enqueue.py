@@ -50,6 +50,8 @@ class OptionResolutionTests(ContractFixtures):
             last_error=None,
             died_at=None,
             unique_key=None,
+            finished_at=None,
+            result_bytes=None,
         )
         assert job(queue, job_id).payload == {"a": 1}
 

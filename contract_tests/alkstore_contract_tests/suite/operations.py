@@ -21,7 +21,7 @@ from alkstore_contract_tests._fixtures import (
 )
 from alkstore_contract_tests.suite.wake import WAKE_TIMEOUT_S
 
-__all__ = ["DeadLetterOpsTests", "PauseTests", "QueueNamesTests"]
+__all__ = ["DeadLetterOpsTests", "PauseTests", "QueueNamesTests", "RunNowTests"]
 
 MICRO = timedelta(microseconds=1)
 
@@ -529,3 +529,53 @@ class DeadLetterOpsTests(ContractFixtures):
                 "purge_dead-bad": lambda: queue.purge_dead(-1),
             }
         )
+
+
+class RunNowTests(ContractFixtures):
+    """docs/contract.md §4 "Run now": a waiting job made due at once."""
+
+    def test_a_job_waiting_out_its_backoff_runs_now(self, queue: Queue, clock: ManualClock) -> None:
+        job_id = queue.enqueue("x", priority=3, expires=3600)
+        assert claim_exactly(queue, job_id).retry("busy", delay=600)
+        clock.advance(1)
+        assert queue.claim_one("w") is None
+        assert queue.run_now(job_id)
+        waiting = job(queue, job_id)
+        assert (waiting.state, waiting.run_at, waiting.attempts) == ("pending", at(1), 1)
+        assert (waiting.priority, waiting.last_error, waiting.expires_at) == (3, "busy", at(3600))
+        assert queue.stats() == (1, 0, 0, 0)
+        assert claim_exactly(queue, job_id).attempts == 2
+
+    def test_a_delayed_job_runs_now_and_wakes_the_queue(
+        self, store: Store, queue: Queue, clock: ManualClock
+    ) -> None:
+        job_id = queue.enqueue("later", run_at=at(3600))
+        with store.listen("jobs") as sub:
+            assert queue.run_now(job_id)
+            assert sub.wait(WAKE_TIMEOUT_S) is True
+        assert job(queue, job_id).run_at == at(0)
+        assert not queue.run_now(job_id)  # due already
+        claim_exactly(queue, job_id)
+
+    def test_only_a_waiting_job_of_this_queue_is_made_due(
+        self, store: Store, queue: Queue, clock: ManualClock
+    ) -> None:
+        due = queue.enqueue("due")
+        running = queue.enqueue("running")
+        claim_exactly(queue, due)
+        dead = queue.enqueue("dead")
+        claim_exactly(queue, running)
+        claim_exactly(queue, dead).fail("boom")
+        expired = queue.enqueue("expired", delay=60, expires=100)
+        elsewhere = store.queue("other").enqueue("elsewhere", delay=60)
+        clock.advance(100)
+        for job_id in (due, running, dead, expired, elsewhere, 10**15, -1, 2**70):
+            assert not queue.run_now(job_id), job_id
+        assert job(store.queue("other"), elsewhere).run_at == at(60)
+        with pytest.raises(ValidationError):
+            queue.run_now("1")  # type: ignore[arg-type]
+
+    def test_a_closed_store_refuses_it(self, store: Store, queue: Queue) -> None:
+        job_id = queue.enqueue("x", delay=60)
+        store.close()
+        _assert_closed({"run_now": lambda: queue.run_now(job_id)})

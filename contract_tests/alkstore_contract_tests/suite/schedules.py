@@ -881,6 +881,24 @@ class SweeperTests(ContractFixtures):
         assert c.get_job(purged) is None
         assert job(d, kept).state == "dead"
 
+    def test_run_once_purges_completed_jobs_with_each_queues_retention(
+        self, store: Store, clock: ManualClock
+    ) -> None:
+        """docs/contract.md §3 "Completed jobs": ``keep_completed`` maps a
+        queue to its completed-job retention; queues not named keep theirs."""
+        done = {}
+        for name in "fg":
+            queue = store.queue(name, QueueOpts(keep_completed_s=3600))
+            done[name] = queue.enqueue(name)
+            assert claim_exactly(queue, done[name]).ack({"from": name})
+        clock.set(at(60))
+        sweeper = Sweeper(store, interval_s=60, keep_completed={"f": 60, "h": None})
+        assert sweeper.run_once() == {"f": (0, 1), "g": (0, 0)}
+        assert store.queue("f").get_job(done["f"]) is None
+        assert job(store.queue("g"), done["g"]).result == {"from": "g"}
+        with pytest.raises(ValidationError, match="keep_completed"):
+            Sweeper(store, keep_completed={"f": -1})
+
     def test_once_per_interval(self, store: Store, clock: ManualClock) -> None:
         q = store.queue("jobs")
         sweeper = Sweeper(store, interval_s=60)

@@ -30,6 +30,7 @@ from hypothesis.stateful import (
 )
 
 from alkstore import Job, JobHandle, Queue, QueueOpts, Store, ValidationError
+from alkstore.logic.codec import encode_result
 from alkstore_contract_tests._clock import T0, ManualClock
 from alkstore_contract_tests._fixtures import ContractFixtures, StoreFactory
 from alkstore_contract_tests.model import ModelHandle, ModelJob, ModelStore
@@ -60,6 +61,7 @@ HANDLE_OPTS: dict[str, tuple[str, QueueOpts]] = {
             backoff_base_s=5,
             backoff_cap_s=5,
             dead_letter_retention_s=40,
+            keep_completed_s=25,
         ),
     ),
     "other": ("other", QueueOpts(visibility_timeout_s=15, max_attempts=2, backoff_base_s=1)),
@@ -279,6 +281,7 @@ class QueueMachine(RuleBasedStateMachine):
         delay=st.none() | st.sampled_from([0, 3, 20]),
         error=st.none() | st.text(max_size=4),
         extend=st.none() | st.sampled_from([1, 15, 60]),
+        result=st.none() | st.sampled_from([0, "done", {"n": [1, 2]}]),
     )
     def handle_op(
         self,
@@ -289,13 +292,17 @@ class QueueMachine(RuleBasedStateMachine):
         delay: int | None,
         error: str | None,
         extend: int | None,
+        result: object,
     ) -> None:
         """One operation through a handle, valid or (with ``invalid``)
-        preferably not."""
+        preferably not; an ack through a handle claimed from a queue handle
+        that keeps completed jobs keeps it, with ``result``."""
         handle, model = self.pick_handle(index, invalid)
         now = self.clock()
         if op == "ack":
-            assert handle.ack() == self.model.ack(model, now)
+            keep = handle._queue.opts.keep_completed_s is not None
+            expected = self.model.ack(model, now, keep, encode_result(result))
+            assert handle.ack(result) == expected
         elif op == "fail":
             assert handle.fail(error) == self.model.fail(model, error, now)
         elif op == "heartbeat":
@@ -335,7 +342,8 @@ class QueueMachine(RuleBasedStateMachine):
         if op == "cancel":
             assert queue.cancel(ids[0]) == self.model.cancel(name, ids[0])
         elif op == "ack_batch":
-            assert queue.ack_batch(ids) == self.model.ack_batch(name, ids, now)
+            keep = queue.opts.keep_completed_s is not None
+            assert queue.ack_batch(ids) == self.model.ack_batch(name, ids, now, keep)
         elif op == "purge_dead":
             assert queue.purge_dead(seconds) == self.model.purge_dead(name, seconds, now)
         elif op == "dead_jobs":
@@ -344,8 +352,9 @@ class QueueMachine(RuleBasedStateMachine):
             got = [_describe(j) for j in queue.dead_jobs(limit, after)]
             assert got == [_describe(j) for j in self.model.dead_jobs(name, limit, after)]
         else:
-            retention = queue.opts.dead_letter_retention_s
-            assert tuple(queue.sweep_expired()) == self.model.sweep_expired(name, retention, now)
+            retention, keep_s = queue.opts.dead_letter_retention_s, queue.opts.keep_completed_s
+            expected = self.model.sweep_expired(name, retention, now, keep_s)
+            assert tuple(queue.sweep_expired()) == expected
 
     @precondition(lambda self: self.model.dead)
     @rule(via=_via, index=_index, other=st.booleans(), delay=st.none() | st.sampled_from([0, 5]))

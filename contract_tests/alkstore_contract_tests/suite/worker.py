@@ -705,6 +705,50 @@ class WorkerTests(WorkerFixtures):
         assert (waiting.state, waiting.attempts) == ("pending", 0)
         assert executions(worker_log_dir) == {"running": 1}
 
+    # -- results (docs/tasks-and-workers.md "Results") --------------------------
+
+    def test_a_return_value_is_kept_as_the_result_where_the_queue_keeps_completed_jobs(
+        self, worker_apps: AppFactory, worker_clock: ManualClock
+    ) -> None:
+        """docs/contract.md §3 "Completed jobs": the worker acks with the
+        handler's return value; one the codec refuses dead-letters the job,
+        saying why; a queue that keeps nothing still deletes its jobs."""
+        app = worker_apps(clock=worker_clock)
+
+        @app.task(queue="kept", name="total", keep_completed_s=3600)
+        def total(numbers: list[int]) -> dict[str, int]:
+            return {"total": sum(numbers)}
+
+        @app.task(queue="kept", name="opaque")
+        def opaque() -> object:
+            return {1, 2}  # a set: not JSON
+
+        @app.task(queue="kept", name="nothing")
+        def nothing() -> None:
+            pass
+
+        @app.task(queue="gone", name="forgotten")
+        def forgotten() -> int:
+            return 7
+
+        summed, refused, none = total.enqueue([1, 2, 3]), opaque.enqueue(), nothing.enqueue()
+        dropped = forgotten.enqueue()
+        counts = app.worker(["kept", "gone"], handle_signals=False).run(burst=True)
+        assert counts == WorkerCounts(succeeded=3, dead=1)
+        kept = app.queue("kept")
+        done = kept.get_job(summed)
+        assert done is not None
+        assert (done.state, done.result, done.finished_at) == ("completed", {"total": 6}, T0)
+        empty = kept.get_job(none)
+        assert empty is not None
+        assert (empty.state, empty.result) == ("completed", None)
+        dead = kept.get_job(refused)
+        assert dead is not None
+        assert dead.state == "dead"
+        assert dead.last_error is not None
+        assert "task 'opaque' returned a value its queue cannot keep" in dead.last_error
+        assert app.queue("gone").get_job(dropped) is None
+
     # -- the job context (docs/tasks-and-workers.md "Job context") -------------
 
     def test_a_task_taking_the_context_gets_its_claimed_job(
