@@ -15,7 +15,7 @@ from alkstore_sqlite._wake import notify_wake, record_wake
 if TYPE_CHECKING:
     from alkstore_sqlite._queue import SqliteQueue
 
-__all__ = ["SqliteJobHandle", "ack_each", "complete_each"]
+__all__ = ["SqliteJobHandle", "ack_each"]
 
 # The claim is this handle's while the row is processing, has the attempt
 # count this claim gave it, and has not lapsed; every operation tests it in
@@ -77,7 +77,7 @@ class SqliteJobHandle(JobHandle):
 
     def _complete(self, result: bytes | None) -> bool:
         params = self._params(result=result)
-        return self._queue._store._pool.transaction(complete_each, [params])[0]
+        return self._queue._store._pool.transaction(_move, _COMPLETE, params)
 
     def _retry(self, error: str, delay_s: float) -> bool:
         params = self._params(error=error)
@@ -112,14 +112,6 @@ def ack_each(conn: sqlite3.Connection, claims: list[dict[str, Any]]) -> list[boo
     """Ack each claim (``id``, ``attempts``, ``now``) as its handle's ``ack``
     would, inside the caller's transaction; whether each took effect."""
     return [conn.execute(_ACK, claim).rowcount == 1 for claim in claims]
-
-
-def complete_each(conn: sqlite3.Connection, claims: list[dict[str, Any]]) -> list[bool]:
-    """Move each claim (``id``, ``attempts``, ``now``, ``result``) to the
-    completed table as its handle's ``ack`` would when its queue keeps
-    completed jobs, inside the caller's transaction; whether each took
-    effect."""
-    return [_move(conn, _COMPLETE, claim) for claim in claims]
 
 
 def _move(conn: sqlite3.Connection, copy: str, params: dict[str, Any]) -> bool:

@@ -22,8 +22,9 @@ from alkstore.engine import (
 from alkstore.errors import ValidationError
 from alkstore_sqlite import _operations
 from alkstore_sqlite._connection import engine_error, fetchone, rowcount, run_in_transaction
-from alkstore_sqlite._handle import SqliteJobHandle, ack_each, complete_each
+from alkstore_sqlite._handle import SqliteJobHandle, ack_each
 from alkstore_sqlite._rows import (
+    COMPLETE_CLAIMS,
     COMPLETED_COLUMNS,
     DEAD_COLUMNS,
     LIVE_COLUMNS,
@@ -229,6 +230,7 @@ _COMPLETE_BATCH = complete_sql(_VALID_BATCH).replace(
     "FROM _alkstore_jobs WHERE", "FROM _alkstore_jobs NOT INDEXED WHERE"
 )
 _DELETE_COMPLETED_BATCH = f"DELETE FROM _alkstore_jobs NOT INDEXED WHERE {_VALID_BATCH}"
+_DELETE_TAKEN = "DELETE FROM _alkstore_jobs WHERE id IN (SELECT value FROM json_each(?))"
 _CANCEL = "DELETE FROM _alkstore_jobs WHERE id = ? AND queue = ?"
 _GET_JOB = f"""
     SELECT {LIVE_COLUMNS} FROM _alkstore_jobs WHERE id = :id AND queue = :queue
@@ -473,12 +475,19 @@ class SqliteQueue(Queue):
         return self._store._pool.transaction(_complete_batch, params)
 
     def _complete_many(self, handles: list[JobHandle], results: list[bytes | None]) -> list[bool]:
-        now = to_us(self._store._now())
+        # Two statements for the batch, one clock read (docs/contract.md §3
+        # "Completed jobs"): a JSON result is UTF-8 text, and travels as such.
         claims = [
-            {"id": h.id, "attempts": h.attempts, "now": now, "result": result}
+            [h.id, h.attempts, None if result is None else result.decode()]
             for h, result in zip(handles, results, strict=True)
         ]
-        return self._store._pool.transaction(complete_each, claims)
+        params = {
+            "claims": json.dumps(claims, ensure_ascii=False),
+            "queue": self._name,
+            "now": to_us(self._store._now()),
+        }
+        taken = self._store._pool.transaction(_complete_claims, params)
+        return [(h.id, h.attempts) in taken for h in handles]
 
     def _cancel(self, job_id: int) -> bool:
         if not _INT64_MIN <= job_id <= _INT64_MAX:
@@ -618,6 +627,15 @@ def _sweep(
     if finished_before is not None:
         purged += conn.execute(_PURGE_COMPLETED, (queue, finished_before)).rowcount
     return SweepResult(expired, purged)
+
+
+def _complete_claims(conn: sqlite3.Connection, params: dict[str, Any]) -> set[tuple[int, int]]:
+    # Inside BEGIN IMMEDIATE: the copy, then the delete of what it took.
+    taken = {(row[0], row[1]) for row in conn.execute(COMPLETE_CLAIMS, params)}
+    if taken:
+        ids = json.dumps([job_id for job_id, _ in taken])
+        conn.execute(_DELETE_TAKEN, (ids,))
+    return taken
 
 
 def _complete_batch(conn: sqlite3.Connection, params: dict[str, Any]) -> int:

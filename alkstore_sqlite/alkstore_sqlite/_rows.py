@@ -17,6 +17,7 @@ from alkstore.engine import job_from_values
 
 __all__ = [
     "COMPLETED_COLUMNS",
+    "COMPLETE_CLAIMS",
     "DEAD_COLUMNS",
     "LIVE_COLUMNS",
     "bury_sql",
@@ -91,6 +92,24 @@ def complete_sql(where: str) -> str:
         f"INSERT INTO _alkstore_completed ({_MOVED_COLUMNS}, last_error, finished_at, result) "
         f"SELECT {_MOVED_COLUMNS}, last_error, :now, :result FROM _alkstore_jobs WHERE {where}"
     )
+
+
+#: The copy of ``ack_many`` through a handle that keeps completed jobs: for
+#: each claim of ``:claims``, a JSON array of ``[id, attempts, result]``
+#: triples (the result as JSON text, or null), the live row still held by
+#: that claim, with ``finished_at = :now``; it returns the ``(id, attempts)``
+#: it took, whose rows the caller then deletes in the same transaction.
+COMPLETE_CLAIMS = (
+    f"INSERT INTO _alkstore_completed ({_MOVED_COLUMNS}, last_error, finished_at, result) "
+    "SELECT "
+    + ", ".join(f"j.{column.strip()}" for column in _MOVED_COLUMNS.split(","))
+    + ", j.last_error, :now, CAST(json_extract(c.value, '$[2]') AS BLOB) "
+    "FROM json_each(:claims) AS c "
+    "JOIN _alkstore_jobs AS j ON j.id = json_extract(c.value, '$[0]') "
+    "WHERE j.attempts = json_extract(c.value, '$[1]') AND j.queue = :queue "
+    "AND j.state NOT IN ('pending', 'scheduled') AND j.claim_deadline > :now "
+    "RETURNING id, attempts"
+)
 
 
 def to_us(instant: datetime) -> int:

@@ -137,3 +137,14 @@ class CompletedJobTests(ContractFixtures):
         assert job(keeping, job_id).state == "processing"
         assert keeping.ack_many([handle], results=["late"]) == [False]
         assert keeping.ack_batch([job_id]) == 0
+
+    def test_ack_many_keeps_each_claims_own_result_by_its_identity(
+        self, keeping: Queue, clock: ManualClock
+    ) -> None:
+        job_id = keeping.enqueue("x")
+        stale = claim_exactly(keeping, job_id)
+        clock.advance(30)  # lapsed: the next claim is the job's
+        fresh = claim_exactly(keeping, job_id)
+        assert keeping.ack_many([stale, fresh], results=["old", "new"]) == [False, True]
+        done = job(keeping, job_id)
+        assert (done.state, done.attempts, done.result) == ("completed", 2, "new")
