@@ -259,6 +259,8 @@ def test_dead_list_json_is_one_object_per_line(project: Path, url: str) -> None:
         "last_error": "failed",  # fail(None), docs/contract.md §3
         "died_at": LONG_AGO_ISO,
         "unique_key": None,
+        "finished_at": None,
+        "result": None,
     }
     assert rows[1]["last_error"] == "last"
     everything = ok(run(project, url, "dead", "list", "mail", "--json", "--limit", "1"))
@@ -531,6 +533,7 @@ def test_schedule_schedules_unschedule_round_trip(project: Path, url: str) -> No
             "backoff_cap_s": 3600,
             "expires_s": None,
             "dead_letter_retention_s": None,
+            "keep_completed_s": None,
         },
         "catch_up": "skip",
         "revision": 1,

@@ -185,7 +185,7 @@ def test_job_payload_is_decoded_from_its_bytes_on_first_read() -> None:
 
     at = datetime(2030, 1, 1, tzinfo=UTC)
     values = (7, "q", "pending", b'{"a":[1]}', JSON, 0, at, None, at, 0, 5, 30.0, 4, 3600)
-    values += (None, None, None, None, None)
+    values += (None, None, None, None, None, None, None)
     job = job_from_values(values)
     assert job == Job(*values)
     assert "payload" not in JOB_FIELDS

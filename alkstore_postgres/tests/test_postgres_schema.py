@@ -63,6 +63,7 @@ def test_tables_live_in_their_own_schema(
         [schema],
     ).fetchall()
     assert [t for (t,) in tables] == [
+        "completed",
         "dead",
         "jobs",
         "maintenance",

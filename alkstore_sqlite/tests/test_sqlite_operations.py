@@ -500,7 +500,7 @@ def test_queue_names_seeks_indexes_only(store: SqliteStore, db_path: Path) -> No
     with sqlite3.connect(db_path) as conn:
         plan = _plan(conn, _operations.QUEUE_NAMES)
     searches = [step for step in plan if step.startswith("SEARCH _alkstore")]
-    assert len(searches) == 7
+    assert len(searches) == 8  # one per index of _NAME_INDEXES
     assert all("USING" in step and "INDEX" in step for step in searches), searches
     assert not [step for step in plan if step.startswith("SCAN _alkstore")]
     assert not [step for step in plan if "TEMP B-TREE" in step]

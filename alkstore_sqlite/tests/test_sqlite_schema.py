@@ -20,6 +20,7 @@ from alkstore_sqlite._rows import to_us
 TABLES = {
     "_alkstore_jobs",
     "_alkstore_dead",
+    "_alkstore_completed",
     "_alkstore_meta",
     "_alkstore_queues",
     "_alkstore_wakes",

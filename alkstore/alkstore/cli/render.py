@@ -33,7 +33,8 @@ def jsonable(value: Any) -> Any:
 
 
 def job_fields(job: Job) -> dict[str, Any]:
-    # The decoded payload stands where its bytes are in the dataclass.
-    names = ["payload" if f.name == "payload_bytes" else f.name for f in dataclasses.fields(job)]
+    # The decoded payload and result stand where their bytes are in the dataclass.
+    decoded = {"payload_bytes": "payload", "result_bytes": "result"}
+    names = [decoded.get(f.name, f.name) for f in dataclasses.fields(job)]
     fields = {name: getattr(job, name) for name in names}
     return {name: jsonable(value) for name, value in fields.items()}
