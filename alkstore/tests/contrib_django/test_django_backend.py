@@ -349,6 +349,30 @@ def test_a_worker_process_runs_the_jobs(
     assert sqlite.job(result.id) is None or sqlite.job(result.id).state == "completed"
 
 
+def test_manage_py_migrate_creates_the_stores_schema(
+    django_project: dict[str, str], tmp_path: Any
+) -> None:
+    """docs/django.md: ``manage.py migrate`` creates the schema of the store
+    on the migrated database, before any request opens a transaction on it."""
+    import alkstore
+
+    fresh = tmp_path / "fresh.db"
+    env = {**_child_env(django_project), "ALKSTORE_DJANGO_SQLITE": str(fresh)}
+    env.pop("ALKSTORE_DJANGO_POSTGRES", None)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--verbosity", "0"],
+        cwd=HERE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    with alkstore.open(f"sqlite:///{fresh}", migrate=False) as store:
+        assert store.queue_names() == []
+
+
 def test_import_alkstore_imports_no_django() -> None:
     code = (
         "import sys, alkstore, alkstore.contrib, alkstore.contrib.django; "

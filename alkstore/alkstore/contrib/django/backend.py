@@ -459,9 +459,10 @@ def _result_of(
         kwargs=kwargs,
         backend=backend,
         errors=errors,
-        # One entry per attempt (TaskResult.attempts); alkstore records the
-        # worker of the last claim only.
-        worker_ids=[job.worker_id] * job.attempts if job.worker_id else [],
+        # One entry per attempt (TaskResult.attempts is their count);
+        # alkstore records the worker of the last claim only, and a retry
+        # clears it: "" stands for a worker it no longer knows.
+        worker_ids=[job.worker_id or ""] * job.attempts,
     )
     if job.state == "completed":
         object.__setattr__(result, "_return_value", job.result)
