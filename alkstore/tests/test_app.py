@@ -541,8 +541,11 @@ def test_bad_unique_rules_and_keys_are_refused(app: App) -> None:
     with pytest.raises(ValidationError, match="unique_key"):
         app.task(add).options(unique_key="")
     task = app.task(name="returns_an_int", unique_key=lambda a, b=0: a)(add)
-    with pytest.raises(ValidationError, match="unique_key rule"):
+    with pytest.raises(ValidationError, match="the key the unique_key function of task"):
         task.enqueue(1)
+    wrong = app.task(name="takes_nothing", unique_key=lambda: "k")(add)
+    with pytest.raises(ValidationError, match="unique_key function of task 'takes_nothing' raised"):
+        wrong.enqueue(1)
     assert app.queue("default").stats().pending == 0
 
 

@@ -166,6 +166,33 @@ def test_enqueue_with_a_unique_key_prints_the_live_jobs_id(project: Path, url: s
     assert "unique_key must be 1 to 255 characters" in refused.stderr
 
 
+def test_enqueue_with_an_app_gives_a_task_payload_its_tasks_unique_key(
+    project: Path, url: str
+) -> None:
+    """As ``task.enqueue`` would: the task's ``unique_key`` rule keys the
+    call, and ``--unique-key`` wins over it."""
+    (project / "uniq.py").write_text(
+        "import alkstore\n"
+        "app = alkstore.App()\n"
+        "@app.task(queue='reports', name='report', unique_key=True)\n"
+        "def report(month):\n"
+        "    pass\n"
+    )
+
+    def enqueue(*extra: str) -> str:
+        payload = '{"task": "report", "args": ["2026-11"]}'
+        return ok(command(project, "--url", url, "enqueue", "reports", payload, *extra)).strip()
+
+    first = enqueue("--app", "uniq:app")
+    assert enqueue("--app", "uniq:app") == first
+    assert enqueue("--app", "uniq:app", "--unique-key", "by-hand") != first
+    with alkstore.open(url, migrate=False) as store:
+        job = store.queue("reports").get_job(int(first))
+        assert job is not None
+        assert job.unique_key is not None
+        assert len(job.unique_key) == 64
+
+
 def make_sqlite_version_1(path: Path) -> None:
     """Replace the store at ``path`` by an empty one as version 1 of the
     code made it."""

@@ -106,7 +106,9 @@ def enqueue(
         v.unique_key(unique_key)
         if app_spec:
             app = ctx.app(app_spec)
-            elsewhere = _check_task(app, app_spec, queue_name, value)
+            elsewhere, rule_key = _check_task(app, app_spec, queue_name, value)
+            if unique_key is None:
+                unique_key = rule_key
             _check_enqueue(value, options, app.queue_opts(queue_name))
             with app:
                 if not elsewhere:  # that warning names the queue already
@@ -129,14 +131,17 @@ def _check_enqueue(value: object, options: dict[str, Any], opts: QueueOpts) -> N
     resolve(datetime.now(UTC), opts, enqueue_options(**options))
 
 
-def _check_task(app: App, app_spec: str, queue_name: str, payload: object) -> bool:
+def _check_task(
+    app: App, app_spec: str, queue_name: str, payload: object
+) -> tuple[bool, str | None]:
     """With ``--app``: refuse a task payload naming a task the app does not
     have (its worker would dead-letter the job as unknown), or arguments
     that do not fit the task's function; warn when the task is declared on
-    another queue (the app's workers claim from it only if given ``-q``),
-    and then return ``True``."""
+    another queue (the app's workers claim from it only if given ``-q``).
+    Return whether it warned, and the unique key the task's rule gives the
+    call (``None`` for none), as ``task.enqueue`` would."""
     if not isinstance(payload, dict) or "task" not in payload:
-        return False  # not meant as a task payload: a queue of the app's, used by hand
+        return False, None  # not meant as a task payload: a queue of the app's, used by hand
     try:
         call = parse_task_payload(payload)
     except ValueError as exc:
@@ -146,6 +151,7 @@ def _check_task(app: App, app_spec: str, queue_name: str, payload: object) -> bo
         known = ", ".join(sorted(app.tasks)) or "none"
         fail(f"{app_spec} has no task {call.name!r} (its tasks: {known})")
     task.check_call(call.args, call.kwargs)
+    key = task.unique_key_of(call.args, call.kwargs)
     if task.queue != queue_name:
         click.echo(
             f"Warning: task {call.name!r} is declared on queue {task.queue!r}, not "
@@ -153,8 +159,8 @@ def _check_task(app: App, app_spec: str, queue_name: str, payload: object) -> bo
             f"only when started with -q {queue_name}",
             err=True,
         )
-        return True
-    return False
+        return True, key
+    return False, key
 
 
 class _QueueRow(NamedTuple):

@@ -507,6 +507,20 @@ class Task(Generic[P, R]):
         queue = await self.app.aqueue(self.queue)
         return await queue.enqueue_many(payloads, **options)
 
+    def unique_key_of(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+        """The unique key a job of this call gets (docs/tasks-and-workers.md
+        "Unique jobs"): the per-job ``options(unique_key=)``, else the
+        task's rule's; ``None`` for none. What ``alkstore enqueue --app``
+        uses for a task payload.
+
+        Raises
+        ------
+        ValidationError
+            When the rule's function raises, or returns neither ``None`` nor
+            a key.
+        """
+        return self._key_for(args, kwargs)
+
     def _key_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
         """The unique key of one call: the per-job ``options(unique_key=)``,
         else the task's rule's (``None`` for none)."""
@@ -519,7 +533,14 @@ class Task(Generic[P, R]):
         if rule is True:
             return self._call_digest(args, kwargs)
         assert callable(rule)
-        return v.unique_key(rule(*args, **kwargs), f"task {self.name!r}'s unique_key rule result")
+        try:
+            key = rule(*args, **kwargs)
+        except Exception as exc:
+            raise ValidationError(
+                f"the unique_key function of task {self.name!r} raised "
+                f"{type(exc).__name__}: {exc} (it is called with the task's arguments)"
+            ) from exc
+        return v.unique_key(key, f"the key the unique_key function of task {self.name!r} returned")
 
     def _call_digest(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         """SHA-256 (hex) of the task's name and the call's arguments bound to
