@@ -107,12 +107,16 @@ def retry(ctx: Context, *, job_id: int, queues: tuple[str, ...], app_spec: str |
                     return
     if found is not None:
         queue, job = found
+        held = (
+            f"dead, and a live job of the queue holds its unique key {job.unique_key!r}: "
+            "cancel that one, or let it finish, first"
+        )
         why = {
             "pending": "due already",
             "processing": "running",
             "completed": "completed",
-            # A live job holds its unique key, or it was requeued meanwhile.
-            "dead": "dead, and could not be requeued (a live job holds its unique key?)",
+            # Else someone requeued it between the read and the requeue.
+            "dead": held if job.unique_key is not None else "requeued by someone else meanwhile",
         }[job.state]
         fail(f"job {job_id} of {queue.name!r} was not retried: it is {why}")
     _not_found(f"no job {job_id}", handles)

@@ -104,16 +104,17 @@ def _is_strict(value: object, depth: int) -> bool:
     return False
 
 
-def _refuse(value: object) -> ValidationError:
+def _refuse(value: object, root: str = "payload") -> ValidationError:
     # Walk iteratively (deep values would overflow the stack) to name the
-    # first fault; only runs for a payload that is being refused.
-    stack: list[tuple[object, int, str]] = [(value, 1, "payload")]
+    # first fault; only runs for a value that is being refused. ``root``
+    # names it: a payload, or a completed job's result.
+    stack: list[tuple[object, int, str]] = [(value, 1, root)]
     while stack:
         item, depth, where = stack.pop()
         kind = type(item)
         if kind is dict or kind is list:
             if depth > MAX_NESTING:
-                return ValidationError(f"payload nests deeper than {MAX_NESTING} levels")
+                return ValidationError(f"{root} nests deeper than {MAX_NESTING} levels")
             if kind is list:
                 for index, child in enumerate(item):  # type: ignore[var-annotated,arg-type]
                     stack.append((child, depth + 1, f"{where}[{index}]"))
@@ -140,18 +141,24 @@ def _refuse(value: object) -> ValidationError:
                     "refuses to read such numbers from JSON by default"
                 )
         elif kind not in _SCALARS:
-            return _wrong_type(where, kind)
-    return ValidationError("payload is not strict JSON")
+            return _wrong_type(where, kind, root)
+    return ValidationError(f"{root} is not strict JSON")
 
 
-def _wrong_type(where: str, kind: type) -> ValidationError:
+def _wrong_type(where: str, kind: type, root: str) -> ValidationError:
     # Says exactly what is accepted where the value stands: bytes are a
     # payload on their own, never a value inside JSON (task arguments are
-    # inside JSON).
+    # inside JSON); a result is JSON only.
     if where == "payload":
         return ValidationError(
             f"payload is of type {kind.__name__}; a payload is exactly bytes (stored as "
             f"given) or a JSON value: {_JSON_VALUES}"
+        )
+    if root == "result":
+        tuple_advice = " (return a list, not a tuple)" if issubclass(kind, tuple) else ""
+        return ValidationError(
+            f"{where} is of type {kind.__name__}; a result is a JSON value: "
+            f"{_JSON_VALUES}{tuple_advice}"
         )
     advice = (
         "; bytes can be a payload only on their own, never inside JSON: encode them as "
@@ -202,13 +209,7 @@ def encode_payload(payload: object) -> EncodedPayload:
     if type(payload) is bytes:
         encoded = EncodedPayload(payload, OCTET_STREAM)
     else:
-        if not _is_strict(payload, 1):
-            raise _refuse(payload)
-        try:
-            data = _dump(payload).encode("utf-8")
-        except (ValueError, UnicodeEncodeError):  # NaN, infinity, lone surrogates
-            raise _refuse(payload) from None
-        encoded = EncodedPayload(data, JSON)
+        encoded = EncodedPayload(_encode_json(payload, "payload"), JSON)
     if len(encoded.data) > MAX_PAYLOAD_BYTES:
         raise ValidationError(
             f"payload is {len(encoded.data)} bytes; the limit is {MAX_PAYLOAD_BYTES}"
@@ -242,17 +243,27 @@ def encode_result(result: object) -> bytes | None:
     Raises
     ------
     ValidationError
-        For a value the payload codec refuses, or ``bytes``; the message
-        starts with ``result:``.
+        For a value outside strict JSON (``bytes`` included), nesting deeper
+        than :data:`MAX_NESTING`, or an encoding larger than
+        :data:`MAX_PAYLOAD_BYTES`; the message names ``result``.
     """
     if result is None:
         return None
-    if type(result) is bytes:
-        raise ValidationError("result: bytes are not a JSON value; a result must be strict JSON")
+    data = _encode_json(result, "result")
+    if len(data) > MAX_PAYLOAD_BYTES:
+        raise ValidationError(f"result is {len(data)} bytes; the limit is {MAX_PAYLOAD_BYTES}")
+    return data
+
+
+def _encode_json(value: object, root: str) -> bytes:
+    """``value`` as compact UTF-8 strict JSON; ``ValidationError`` naming
+    the first fault, with ``root`` the name of the whole value."""
+    if not _is_strict(value, 1):
+        raise _refuse(value, root)
     try:
-        return encode_payload(result).data
-    except ValidationError as error:
-        raise ValidationError(f"result: {error}") from None
+        return _dump(value).encode("utf-8")
+    except (ValueError, UnicodeEncodeError):  # NaN, infinity, lone surrogates
+        raise _refuse(value, root) from None
 
 
 def decode_result(data: bytes | None) -> Any:

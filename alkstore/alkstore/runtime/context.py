@@ -50,8 +50,10 @@ class JobContext:
     cancelled
         ``True`` once the worker learned that the job was cancelled
         (``Queue.cancel``) while it ran: at its next heartbeat, at most a
-        third of the visibility timeout after the cancel, or at once when
-        :meth:`heartbeat` is refused for that reason. The handler runs on
+        third of the visibility timeout after the cancel (later after a
+        :meth:`heartbeat` with an ``extend`` past the timeout, which pauses
+        the worker's own beats), or at once when :meth:`heartbeat` is
+        refused for that reason. The handler runs on
         (nothing interrupts it) and its outcome is not recorded: stop early.
     lost
         ``True`` once a heartbeat found the claim lapsed for another reason
