@@ -151,8 +151,10 @@ _CLAIM_SIZES_FREE = 16
 #: records where each was created), so a step stays far below a
 #: millisecond, and under 1 ms in debug mode. The worker's other threads
 #: (building the jobs it claims ahead) take the GIL meanwhile: steps of 16
-#: were seen at 5-6 ms in debug mode with prefetch, steps of 8 were not.
-_BEGIN_STEP = 8
+#: were seen at 5-6 ms in debug mode with prefetch, and steps of 8 at 5-7 ms
+#: on a host loaded by other work; 4 keeps a step's share of the GIL waits
+#: small, for a loop step's overhead (a few µs) per 4 jobs.
+_BEGIN_STEP = 4
 
 #: How a job ended, as logged and counted.
 Outcome = Literal["succeeded", "retried", "dead", "lost", "cancelled"]
