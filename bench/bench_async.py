@@ -87,12 +87,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import Row, Table, percentile
 from bench_postgres import (
-    DEFAULT_ADMIN_URL,
     PAYLOAD,
     PEERS,
     Server,
     Systems,
     _pgq_queries,
+    add_url_option,
     alk_wake,
     in_child,
     pgq_enqueue,
@@ -858,12 +858,8 @@ def run(bench: Bench) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
-    parser.add_argument(
-        "--url",
-        default=os.environ.get("ALKSTORE_BENCH_POSTGRES_URL")
-        or os.environ.get("ALKSTORE_TEST_POSTGRES_URL")
-        or DEFAULT_ADMIN_URL,
-        help="a database to administer from; the role must be able to CREATE DATABASE",
+    add_url_option(
+        parser, "a database to administer from; the role must be able to CREATE DATABASE"
     )
     args = parser.parse_args()
     began = time.perf_counter()

@@ -95,7 +95,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psycopg
 from _report import Row, Table
-from bench_postgres import DEFAULT_ADMIN_URL, Server, in_child, settle, sql
+from bench_postgres import Server, add_url_option, in_child, settle, sql
 
 import alkstore
 from alkstore import QueueOpts
@@ -543,13 +543,7 @@ def run_engine(
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--engine", choices=["sqlite", "postgres", "both"], default="both")
-    parser.add_argument(
-        "--url",
-        default=os.environ.get("ALKSTORE_BENCH_POSTGRES_URL")
-        or os.environ.get("ALKSTORE_TEST_POSTGRES_URL")
-        or DEFAULT_ADMIN_URL,
-        help="PostgreSQL: a database to administer from (CREATE DATABASE)",
-    )
+    add_url_option(parser, "PostgreSQL: a database to administer from (CREATE DATABASE)")
     parser.add_argument("--jobs", type=int, default=2_000, help="enqueues per side (2,000)")
     parser.add_argument("--rounds", type=int, default=3, help="enqueue and claim rounds (3)")
     parser.add_argument("--block", type=int, default=100, help="calls per turn (100)")

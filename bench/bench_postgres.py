@@ -64,6 +64,18 @@ PEERS = ("PgQueuer", "procrastinate")
 DEFAULT_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
 
+def add_url_option(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """The benches' ``--url``: ``$ALKSTORE_BENCH_POSTGRES_URL``, else
+    ``$ALKSTORE_TEST_POSTGRES_URL``, else :data:`DEFAULT_ADMIN_URL`."""
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("ALKSTORE_BENCH_POSTGRES_URL")
+        or os.environ.get("ALKSTORE_TEST_POSTGRES_URL")
+        or DEFAULT_ADMIN_URL,
+        help=help_text,
+    )
+
+
 # -- running a measurement in a fresh process --------------------------------
 
 
@@ -1108,12 +1120,8 @@ def run(bench: Bench, table: Table) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
-    parser.add_argument(
-        "--url",
-        default=os.environ.get("ALKSTORE_BENCH_POSTGRES_URL")
-        or os.environ.get("ALKSTORE_TEST_POSTGRES_URL")
-        or DEFAULT_ADMIN_URL,
-        help="a database to administer from; the role must be able to CREATE DATABASE",
+    add_url_option(
+        parser, "a database to administer from; the role must be able to CREATE DATABASE"
     )
     args = parser.parse_args()
     began = time.perf_counter()

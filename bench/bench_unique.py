@@ -59,7 +59,7 @@ from typing import Literal
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import Row, Table
-from bench_postgres import DEFAULT_ADMIN_URL, Server, in_child, sql
+from bench_postgres import Server, add_url_option, in_child, sql
 
 import alkstore
 
@@ -226,13 +226,7 @@ def run_postgres(server: Server, n: int, rounds: int, block: int) -> Engine:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--engine", choices=["sqlite", "postgres", "both"], default="both")
-    parser.add_argument(
-        "--url",
-        default=os.environ.get("ALKSTORE_BENCH_POSTGRES_URL")
-        or os.environ.get("ALKSTORE_TEST_POSTGRES_URL")
-        or DEFAULT_ADMIN_URL,
-        help="PostgreSQL: a database to administer from (CREATE DATABASE)",
-    )
+    add_url_option(parser, "PostgreSQL: a database to administer from (CREATE DATABASE)")
     parser.add_argument("--jobs", type=int, default=2_000, help="enqueues per run (2,000)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds, a process each (3)")
     parser.add_argument(

@@ -113,9 +113,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import Row, Table, percentile, rate
 from bench_postgres import (
-    DEFAULT_ADMIN_URL,
     Server,
     Systems,
+    add_url_option,
     alk_wake,
     bare_enqueue,
     in_child,
@@ -850,13 +850,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2,000 jobs per figure")
     parser.add_argument("--engine", choices=["sqlite", "postgres", "both"], default="both")
-    parser.add_argument(
-        "--url",
-        default=os.environ.get("ALKSTORE_BENCH_POSTGRES_URL")
-        or os.environ.get("ALKSTORE_TEST_POSTGRES_URL")
-        or DEFAULT_ADMIN_URL,
-        help="PostgreSQL: a database to administer from (CREATE DATABASE)",
-    )
+    add_url_option(parser, "PostgreSQL: a database to administer from (CREATE DATABASE)")
     parser.add_argument(
         "--log-level",
         default="INFO",

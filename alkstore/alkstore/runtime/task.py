@@ -519,11 +519,6 @@ class Task(Generic[P, R]):
             When the rule's function raises, or returns neither ``None`` nor
             a key.
         """
-        return self._key_for(args, kwargs)
-
-    def _key_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
-        """The unique key of one call: the per-job ``options(unique_key=)``,
-        else the task's rule's (``None`` for none)."""
         given = self._enqueue_opts.get("unique_key")
         if given is not None:
             return given  # type: ignore[return-value]
@@ -567,7 +562,7 @@ class Task(Generic[P, R]):
 
     def _options_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, object]:
         """The enqueue options of one call: the per-job ones and its key."""
-        key = self._key_for(args, kwargs)
+        key = self.unique_key_of(args, kwargs)
         return {**self._enqueue_opts, "unique_key": key}
 
     def _many(self, calls: Iterable[Sequence[Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -577,7 +572,7 @@ class Task(Generic[P, R]):
         options: dict[str, Any] = {
             k: value for k, value in self._enqueue_opts.items() if k != "unique_key"
         }
-        keys = [self._key_for(p["args"], {}) for p in payloads]
+        keys = [self.unique_key_of(p["args"], {}) for p in payloads]
         if any(key is not None for key in keys):
             options["unique_keys"] = keys
         return payloads, options
