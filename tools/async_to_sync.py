@@ -88,6 +88,7 @@ SOURCES = (
             "queue",
             "operations",
             "schedules",
+            "workers",
             "maintenance",
             "compact",
             "vacuum",
@@ -130,6 +131,7 @@ NAMES = {
     # Its modules imported as names (``from alkstore_postgres import ...``).
     "_operations_async": "_operations",
     "_schedules_async": "_schedules",
+    "_workers_async": "_workers",
     "_vacuum_async": "_vacuum",
     # The runtime's async classes (alkstore/alkstore/runtime/*_async.py).
     "AsyncLease": "Lease",

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from alkstore.contract.handle import JobHandle
 from alkstore.contract.handle_async import AsyncJobHandle
-from alkstore.contract.job import Job, JobState, QueueStats, SweepResult
+from alkstore.contract.job import Job, JobState, ListedState, QueueStats, SweepResult
 from alkstore.contract.queue import Queue
 from alkstore.contract.queue_async import AsyncQueue
 from alkstore.contract.registry import DEFAULT_URL, open, open_async, register
@@ -29,6 +29,7 @@ from alkstore.contract.store_async import AsyncStore
 from alkstore.contract.subscription import Subscription
 from alkstore.contract.subscription_async import AsyncSubscription
 from alkstore.contract.vacuum import HorizonHolder, TableVacuum, VacuumReport, VacuumReporting
+from alkstore.contract.workers import ThroughputPoint, WorkerInfo
 from alkstore.errors import (
     AlkstoreError,
     EngineError,
@@ -77,6 +78,7 @@ __all__ = [
     "JobContext",
     "JobHandle",
     "JobState",
+    "ListedState",
     "Outbox",
     "Queue",
     "QueueOpts",
@@ -93,6 +95,7 @@ __all__ = [
     "TableVacuum",
     "Sweeper",
     "Task",
+    "ThroughputPoint",
     "UnknownEngineError",
     "UnreadableSchedule",
     "VacuumReport",
@@ -100,6 +103,7 @@ __all__ = [
     "ValidationError",
     "Worker",
     "WorkerCounts",
+    "WorkerInfo",
     "backoff_ceiling_s",
     "backoff_delay_s",
     "decode_payload",

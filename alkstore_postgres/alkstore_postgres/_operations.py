@@ -1,7 +1,8 @@
 # WARNING: generated from _operations_async.py by tools/async_to_sync.py.
 # Do not edit: change _operations_async.py, then run `python tools/async_to_sync.py`.
 """The operator's operations (docs/operations.md): pause and resume, the
-dead-letter pages, requeue and purge, and the queue listing.
+dead-letter pages, the job pages by state, requeue and purge, and the
+queue listing.
 
 Each operation is one statement on an autocommit pool connection, as in
 :mod:`alkstore_postgres._queue`; a wake is a ``pg_notify`` in the same
@@ -15,9 +16,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from alkstore import Job
+from alkstore import Job, ListedState
 from alkstore_postgres._rows import job_from_row
 from alkstore_postgres._sql.operations import (
+    COMPLETED_COUNT,
     IS_PAUSED,
     PAUSE,
     PURGE_DEAD,
@@ -27,6 +29,7 @@ from alkstore_postgres._sql.operations import (
     RUN_NOW,
     dead_jobs_lower,
     dead_jobs_query,
+    jobs_query,
     requeue_params,
 )
 from alkstore_postgres._sql.queue import INT64_MAX, INT64_MIN
@@ -38,9 +41,11 @@ if TYPE_CHECKING:
 __all__ = [
     "IS_PAUSED",
     "QUEUE_NAMES",
+    "completed_count",
     "dead_jobs",
     "dead_jobs_query",
     "is_paused",
+    "jobs",
     "purge_dead",
     "queue_names",
     "requeue",
@@ -79,6 +84,31 @@ def dead_jobs(queue: PostgresQueue, limit: int, after_id: int | None) -> list[Jo
     with store._db.connection() as conn:
         rows = conn.execute(query, prepare=False, binary=True).fetchall()
     return [job_from_row(row) for row in rows]
+
+
+def jobs(
+    queue: PostgresQueue, state: ListedState, limit: int, after_id: int | None, now: datetime
+) -> list[Job]:
+    """``Queue._jobs``: a page of the queue's rows in a live or completed
+    state by id."""
+    lower = dead_jobs_lower(after_id)
+    if lower is None:
+        return []  # no bigint above after_id
+    store = queue._pg_store
+    query = jobs_query(store.schema, queue.name, state, (lower, limit), now)
+    with store._db.connection() as conn:
+        rows = conn.execute(query, prepare=False, binary=True).fetchall()
+    return [job_from_row(row) for row in rows]
+
+
+def completed_count(queue: PostgresQueue) -> int:
+    """``Queue._completed_count``."""
+    store = queue._pg_store
+    with store._db.connection() as conn:
+        cursor = conn.execute(store.sql(COMPLETED_COUNT), {"queue": queue.name})
+        row = cursor.fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def requeue(queue: PostgresQueue, job_id: int, now: datetime, run_at: datetime) -> bool:

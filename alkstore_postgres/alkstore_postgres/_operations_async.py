@@ -1,5 +1,6 @@
 """The operator's operations (docs/operations.md): pause and resume, the
-dead-letter pages, requeue and purge, and the queue listing.
+dead-letter pages, the job pages by state, requeue and purge, and the
+queue listing.
 
 Each operation is one statement on an autocommit pool connection, as in
 :mod:`alkstore_postgres._queue`; a wake is a ``pg_notify`` in the same
@@ -13,9 +14,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from alkstore import Job
+from alkstore import Job, ListedState
 from alkstore_postgres._rows import job_from_row
 from alkstore_postgres._sql.operations import (
+    COMPLETED_COUNT,
     IS_PAUSED,
     PAUSE,
     PURGE_DEAD,
@@ -25,6 +27,7 @@ from alkstore_postgres._sql.operations import (
     RUN_NOW,
     dead_jobs_lower,
     dead_jobs_query,
+    jobs_query,
     requeue_params,
 )
 from alkstore_postgres._sql.queue import INT64_MAX, INT64_MIN
@@ -36,9 +39,11 @@ if TYPE_CHECKING:
 __all__ = [
     "IS_PAUSED",
     "QUEUE_NAMES",
+    "completed_count",
     "dead_jobs",
     "dead_jobs_query",
     "is_paused",
+    "jobs",
     "purge_dead",
     "queue_names",
     "requeue",
@@ -77,6 +82,31 @@ async def dead_jobs(queue: AsyncPostgresQueue, limit: int, after_id: int | None)
     async with store._db.connection() as conn:
         rows = await (await conn.execute(query, prepare=False, binary=True)).fetchall()
     return [job_from_row(row) for row in rows]
+
+
+async def jobs(
+    queue: AsyncPostgresQueue, state: ListedState, limit: int, after_id: int | None, now: datetime
+) -> list[Job]:
+    """``Queue._jobs``: a page of the queue's rows in a live or completed
+    state by id."""
+    lower = dead_jobs_lower(after_id)
+    if lower is None:
+        return []  # no bigint above after_id
+    store = queue._pg_store
+    query = jobs_query(store.schema, queue.name, state, (lower, limit), now)
+    async with store._db.connection() as conn:
+        rows = await (await conn.execute(query, prepare=False, binary=True)).fetchall()
+    return [job_from_row(row) for row in rows]
+
+
+async def completed_count(queue: AsyncPostgresQueue) -> int:
+    """``Queue._completed_count``."""
+    store = queue._pg_store
+    async with store._db.connection() as conn:
+        cursor = await conn.execute(store.sql(COMPLETED_COUNT), {"queue": queue.name})
+        row = await cursor.fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 async def requeue(queue: AsyncPostgresQueue, job_id: int, now: datetime, run_at: datetime) -> bool:

@@ -23,10 +23,19 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
 
-from alkstore import Job, JobHandle, Queue, QueueOpts, QueueStats, SweepResult
+from alkstore import (
+    Job,
+    JobHandle,
+    ListedState,
+    Queue,
+    QueueOpts,
+    QueueStats,
+    SweepResult,
+    ThroughputPoint,
+)
 from alkstore.engine import EncodedPayload, Resolved
 from alkstore.errors import EngineError, ValidationError
-from alkstore_postgres import _operations
+from alkstore_postgres import _operations, _workers
 from alkstore_postgres._connection import check_tx_connection, wrap_errors
 from alkstore_postgres._database import Conn, database_identity
 from alkstore_postgres._handle import PostgresJobHandle
@@ -291,6 +300,22 @@ class PostgresQueue(Queue):
 
     def _dead_jobs(self, limit: int, after_id: int | None) -> list[Job]:
         return _operations.dead_jobs(self, limit, after_id)
+
+    def _jobs(
+        self, state: ListedState, limit: int, after_id: int | None, now: datetime
+    ) -> list[Job]:
+        return _operations.jobs(self, state, limit, after_id, now)
+
+    def _completed_count(self) -> int:
+        return _operations.completed_count(self)
+
+    def _add_throughput(
+        self, minute: datetime, completed: int, retried: int, dead: int, prune_before: datetime
+    ) -> None:
+        _workers.add_throughput(self, minute, (completed, retried, dead), prune_before)
+
+    def _throughput(self, since: datetime) -> list[ThroughputPoint]:
+        return _workers.throughput(self, since)
 
     def _requeue(self, job_id: int, now: datetime, run_at: datetime) -> bool:
         return _operations.requeue(self, job_id, now, run_at)

@@ -21,10 +21,19 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
 
-from alkstore import AsyncJobHandle, AsyncQueue, Job, QueueOpts, QueueStats, SweepResult
+from alkstore import (
+    AsyncJobHandle,
+    AsyncQueue,
+    Job,
+    ListedState,
+    QueueOpts,
+    QueueStats,
+    SweepResult,
+    ThroughputPoint,
+)
 from alkstore.engine import EncodedPayload, Resolved
 from alkstore.errors import EngineError, ValidationError
-from alkstore_postgres import _operations_async
+from alkstore_postgres import _operations_async, _workers_async
 from alkstore_postgres._connection import check_tx_connection, wrap_errors
 from alkstore_postgres._database_async import AsyncConn, database_identity
 from alkstore_postgres._handle_async import AsyncPostgresJobHandle
@@ -291,6 +300,22 @@ class AsyncPostgresQueue(AsyncQueue):
 
     async def _dead_jobs(self, limit: int, after_id: int | None) -> list[Job]:
         return await _operations_async.dead_jobs(self, limit, after_id)
+
+    async def _jobs(
+        self, state: ListedState, limit: int, after_id: int | None, now: datetime
+    ) -> list[Job]:
+        return await _operations_async.jobs(self, state, limit, after_id, now)
+
+    async def _completed_count(self) -> int:
+        return await _operations_async.completed_count(self)
+
+    async def _add_throughput(
+        self, minute: datetime, completed: int, retried: int, dead: int, prune_before: datetime
+    ) -> None:
+        await _workers_async.add_throughput(self, minute, (completed, retried, dead), prune_before)
+
+    async def _throughput(self, since: datetime) -> list[ThroughputPoint]:
+        return await _workers_async.throughput(self, since)
 
     async def _requeue(self, job_id: int, now: datetime, run_at: datetime) -> bool:
         return await _operations_async.requeue(self, job_id, now, run_at)

@@ -110,7 +110,7 @@ __all__ = [
 #: The schema used when the ``schema=`` option is not given.
 DEFAULT_SCHEMA = "alkstore"
 #: The newest schema version this code knows.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _VERSION_KEY = "schema_version"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]*")
@@ -385,6 +385,37 @@ _MIGRATIONS: tuple[tuple[sql.SQL, ...], ...] = (
         # The retention purge, and the queue listing.
         sql.SQL("CREATE INDEX completed_finished ON {completed} (queue, finished_at)"),
     ),
+    # Version 7: the workers registry and the per-minute throughput the
+    # workers report (docs/contract.md §11). Both small: one row per live
+    # worker (silent ones are deleted by the next refresh of any worker),
+    # one per queue per minute for a day. expires_at is last_seen_at +
+    # ttl_s, what the listing compares.
+    (
+        sql.SQL("""
+        CREATE TABLE {workers} (
+            id           text             PRIMARY KEY,
+            host         text             NOT NULL,
+            pid          integer          NOT NULL,
+            queues       text[]           NOT NULL,
+            concurrency  integer          NOT NULL,
+            started_at   timestamptz      NOT NULL,
+            last_seen_at timestamptz      NOT NULL,
+            running      bigint[]         NOT NULL,
+            ttl_s        double precision NOT NULL,
+            expires_at   timestamptz      NOT NULL
+        )
+        """),
+        sql.SQL("""
+        CREATE TABLE {throughput} (
+            queue     text        NOT NULL,
+            minute    timestamptz NOT NULL,
+            completed bigint      NOT NULL,
+            retried   bigint      NOT NULL,
+            dead      bigint      NOT NULL,
+            PRIMARY KEY (queue, minute)
+        )
+        """),
+    ),
 )
 
 assert len(_MIGRATIONS) == SCHEMA_VERSION
@@ -436,7 +467,8 @@ def check_schema_name(name: object) -> str:
 
 class Statement:
     """A statement template: SQL whose ``{jobs}``, ``{dead}``, ``{meta}``,
-    ``{queues}``, ``{schedules}``, ``{maintenance}`` and ``{schema}`` are the
+    ``{queues}``, ``{schedules}``, ``{maintenance}``, ``{workers}``,
+    ``{throughput}`` and ``{schema}`` are the
     store's names, plus named fragments (column lists, literals) filled in
     at the same time.
 
@@ -459,7 +491,8 @@ def render(statement: Statement | sql.SQL, schema: str) -> bytes:
     """Render a statement for ``schema``.
 
     ``{schema}`` and the table names (``{jobs}``, ``{dead}``, ``{completed}``, ``{meta}``,
-    ``{queues}``, ``{schedules}``, ``{maintenance}``) become the quoted,
+    ``{queues}``, ``{schedules}``, ``{maintenance}``, ``{workers}``,
+    ``{throughput}``) become the quoted,
     schema-qualified names; the result is what psycopg sends (and keys its
     prepared statements by), so callers render each statement once.
     """
@@ -474,6 +507,8 @@ def render(statement: Statement | sql.SQL, schema: str) -> bytes:
         queues=sql.Identifier(schema, "queues"),
         schedules=sql.Identifier(schema, "schedules"),
         maintenance=sql.Identifier(schema, "maintenance"),
+        workers=sql.Identifier(schema, "workers"),
+        throughput=sql.Identifier(schema, "throughput"),
         **statement.fragments,
     ).as_bytes(None)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from psycopg import sql
 
-from alkstore import QueueOpts, Store, VacuumReport
+from alkstore import QueueOpts, Store, VacuumReport, WorkerInfo
 from alkstore.engine import (
     EncodedPayload,
     Resolved,
@@ -27,7 +27,13 @@ from alkstore.engine import (
     check_engine_options,
     check_schema_version,
 )
-from alkstore_postgres import _operations, _schedules, _schema, _vacuum
+from alkstore_postgres import (
+    _operations,
+    _schedules,
+    _schema,
+    _vacuum,
+    _workers,
+)
 from alkstore_postgres._clock import ServerClock
 from alkstore_postgres._clock_sample import SAMPLE_CLOCK
 from alkstore_postgres._compact import Compactor
@@ -350,6 +356,15 @@ class PostgresStore(Store):
 
     def _queue_names(self) -> list[str]:
         return _operations.queue_names(self)
+
+    def _put_worker(self, info: WorkerInfo) -> None:
+        _workers.put_worker(self, info)
+
+    def _delete_worker(self, worker_id: str) -> bool:
+        return _workers.delete_worker(self, worker_id)
+
+    def _list_workers(self, now: datetime) -> list[WorkerInfo]:
+        return _workers.list_workers(self, now)
 
     def vacuum_report(self) -> VacuumReport:
         """The store's tables' live and dead row versions (the server's

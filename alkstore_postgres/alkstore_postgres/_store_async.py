@@ -16,7 +16,7 @@ from typing import Any
 
 from psycopg import sql
 
-from alkstore import AsyncStore, QueueOpts, VacuumReport
+from alkstore import AsyncStore, QueueOpts, VacuumReport, WorkerInfo
 from alkstore.engine import (
     EncodedPayload,
     Resolved,
@@ -26,7 +26,13 @@ from alkstore.engine import (
     check_schema_version,
 )
 from alkstore.engine_async import is_async
-from alkstore_postgres import _operations_async, _schedules_async, _schema, _vacuum_async
+from alkstore_postgres import (
+    _operations_async,
+    _schedules_async,
+    _schema,
+    _vacuum_async,
+    _workers_async,
+)
 from alkstore_postgres._clock_async import AsyncServerClock
 from alkstore_postgres._clock_sample import SAMPLE_CLOCK
 from alkstore_postgres._compact_async import AsyncCompactor
@@ -354,6 +360,15 @@ class AsyncPostgresStore(AsyncStore):
 
     async def _queue_names(self) -> list[str]:
         return await _operations_async.queue_names(self)
+
+    async def _put_worker(self, info: WorkerInfo) -> None:
+        await _workers_async.put_worker(self, info)
+
+    async def _delete_worker(self, worker_id: str) -> bool:
+        return await _workers_async.delete_worker(self, worker_id)
+
+    async def _list_workers(self, now: datetime) -> list[WorkerInfo]:
+        return await _workers_async.list_workers(self, now)
 
     async def vacuum_report(self) -> VacuumReport:
         """The store's tables' live and dead row versions (the server's

@@ -70,6 +70,8 @@ def test_tables_live_in_their_own_schema(
         "meta",
         "queues",
         "schedules",
+        "throughput",
+        "workers",
     ]
     indexes = index_names(admin, schema)
     assert {

@@ -55,7 +55,7 @@ def test_a_fresh_store_tunes_autovacuum_for_a_queue(
     store: PostgresStore, admin: psycopg.Connection[Any], schema: str
 ) -> None:
     assert reloptions(admin, schema, "jobs") == _AUTOVACUUM
-    assert version(admin, schema) == SCHEMA_VERSION == 6
+    assert version(admin, schema) == SCHEMA_VERSION == 7
 
 
 def test_version_4_is_migrated_with_jobs_in_every_state(

@@ -1,5 +1,6 @@
 """The operator's statements (docs/operations.md): pause and resume, the
-dead-letter pages, requeue and purge, and the queue listing.
+dead-letter pages, requeue and purge, the job pages by state, and the queue
+listing.
 
 Resume and requeue make work claimable without a new job id, so each
 records a wake in its own transaction (:func:`alkstore_sqlite._wake.
@@ -14,9 +15,15 @@ import sqlite3
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from alkstore import Job
+from alkstore import Job, ListedState
 from alkstore_sqlite._connection import fetchall, fetchone, rowcount
-from alkstore_sqlite._rows import DEAD_COLUMNS, jobs_from_rows, to_us
+from alkstore_sqlite._rows import (
+    COMPLETED_COLUMNS,
+    DEAD_COLUMNS,
+    LIVE_COLUMNS,
+    jobs_from_rows,
+    to_us,
+)
 from alkstore_sqlite._wake import notify_wake, record_wake
 
 if TYPE_CHECKING:
@@ -25,8 +32,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "QUEUE_NAMES",
+    "completed_count",
     "dead_jobs",
     "is_paused",
+    "jobs",
     "move_back",
     "purge_dead",
     "queue_names",
@@ -58,6 +67,34 @@ DEAD_PAGE = f"""
     SELECT {DEAD_COLUMNS} FROM _alkstore_dead
     WHERE queue = ? AND id > ? ORDER BY id LIMIT ?
 """
+# -- pages by state (Queue.jobs) -------------------------------------------------
+
+# Which private states (alkstore_sqlite._schema) are in each public listing
+# state, split at now as _STATS splits them: an 'expired' row (waiting for
+# the sweep) is pending or scheduled without a claim, processing with one.
+_WAITING = "(state IN ('pending', 'scheduled') OR (state = 'expired' AND claim_deadline IS NULL))"
+_LISTED = {
+    "pending": f"{_WAITING} AND run_at <= :now",
+    "scheduled": f"{_WAITING} AND run_at > :now",
+    "processing": (
+        "(state IN ('processing', 'lapsed') OR (state = 'expired' AND claim_deadline IS NOT NULL))"
+    ),
+}
+#: A page of a listing state: the rowid (id) order within the queue.
+_PAGES = {
+    state: f"""
+        SELECT {LIVE_COLUMNS} FROM _alkstore_jobs
+        WHERE queue = :queue AND id > :after AND {condition} ORDER BY id LIMIT :limit
+    """
+    for state, condition in _LISTED.items()
+}
+_PAGES["completed"] = f"""
+    SELECT {COMPLETED_COLUMNS} FROM _alkstore_completed
+    WHERE queue = :queue AND id > :after ORDER BY id LIMIT :limit
+"""
+# A range of the completed table's (queue, finished_at) index.
+_COMPLETED_COUNT = "SELECT count(*) FROM _alkstore_completed WHERE queue = ?"
+
 # The dead row back to the live table with its own id (below the
 # AUTOINCREMENT mark, so no id is ever handed out twice). The copy and the
 # delete share one BEGIN IMMEDIATE transaction: every snapshot sees the job
@@ -158,6 +195,26 @@ def dead_jobs(queue: SqliteQueue, limit: int, after_id: int | None) -> list[Job]
     after = _INT64_MIN if after_id is None else after_id
     rows = queue._store._pool.run(fetchall, DEAD_PAGE, (queue.name, after, limit))
     return jobs_from_rows(rows)
+
+
+def jobs(
+    queue: SqliteQueue, state: ListedState, limit: int, after_id: int | None, now: datetime
+) -> list[Job]:
+    """``Queue._jobs``: a page of the queue's rows in a live or completed
+    state by id."""
+    params = {
+        "queue": queue.name,
+        "after": _INT64_MIN if after_id is None else after_id,
+        "limit": limit,
+        "now": to_us(now),
+    }
+    return jobs_from_rows(queue._store._pool.run(fetchall, _PAGES[state], params))
+
+
+def completed_count(queue: SqliteQueue) -> int:
+    """``Queue._completed_count``."""
+    row = queue._store._pool.run(fetchone, _COMPLETED_COUNT, (queue.name,))
+    return int(row[0])
 
 
 def requeue(queue: SqliteQueue, job_id: int, now: datetime, run_at: datetime) -> bool:

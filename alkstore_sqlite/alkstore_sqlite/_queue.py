@@ -11,7 +11,16 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from alkstore import Job, JobHandle, Queue, QueueOpts, QueueStats, SweepResult
+from alkstore import (
+    Job,
+    JobHandle,
+    ListedState,
+    Queue,
+    QueueOpts,
+    QueueStats,
+    SweepResult,
+    ThroughputPoint,
+)
 from alkstore.engine import (
     EXPIRED,
     MAX_ATTEMPTS_EXCEEDED,
@@ -20,7 +29,7 @@ from alkstore.engine import (
     duration_us,
 )
 from alkstore.errors import ValidationError
-from alkstore_sqlite import _operations
+from alkstore_sqlite import _operations, _workers
 from alkstore_sqlite._connection import engine_error, fetchone, rowcount, run_in_transaction
 from alkstore_sqlite._handle import SqliteJobHandle, ack_each
 from alkstore_sqlite._rows import (
@@ -539,6 +548,24 @@ class SqliteQueue(Queue):
 
     def _purge_dead(self, cutoff: datetime | None) -> int:
         return _operations.purge_dead(self, cutoff)
+
+    def _jobs(
+        self, state: ListedState, limit: int, after_id: int | None, now: datetime
+    ) -> list[Job]:
+        return _operations.jobs(self, state, limit, after_id, now)
+
+    def _completed_count(self) -> int:
+        return _operations.completed_count(self)
+
+    # -- the workers' reports (_workers) -------------------------------------
+
+    def _add_throughput(
+        self, minute: datetime, completed: int, retried: int, dead: int, prune_before: datetime
+    ) -> None:
+        _workers.add_throughput(self, minute, (completed, retried, dead), prune_before)
+
+    def _throughput(self, since: datetime) -> list[ThroughputPoint]:
+        return _workers.throughput(self, since)
 
 
 # -- operations run on a borrowed connection ---------------------------------

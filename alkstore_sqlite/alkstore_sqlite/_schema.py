@@ -82,7 +82,7 @@ from alkstore.engine import check_schema_version
 __all__ = ["SCHEMA_VERSION", "migrate", "read_version"]
 
 #: The newest schema version this code knows.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _VERSION_KEY = "schema_version"
 
@@ -352,6 +352,37 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """
         CREATE INDEX _alkstore_completed_finished
             ON _alkstore_completed (queue, finished_at)
+        """,
+    ),
+    # Version 5: the workers registry and the per-minute throughput the
+    # workers report (docs/contract.md §11). Both small: one row per live
+    # worker (silent ones are deleted by the next refresh of any worker),
+    # one per queue per minute for a day. Queues and running ids are JSON
+    # arrays; expires_at is last_seen_at + ttl_s, what the listing compares.
+    (
+        """
+        CREATE TABLE _alkstore_workers (
+            id           TEXT    PRIMARY KEY,
+            host         TEXT    NOT NULL,
+            pid          INTEGER NOT NULL,
+            queues       TEXT    NOT NULL,
+            concurrency  INTEGER NOT NULL,
+            started_at   INTEGER NOT NULL,
+            last_seen_at INTEGER NOT NULL,
+            running      TEXT    NOT NULL,
+            ttl_s        REAL    NOT NULL,
+            expires_at   INTEGER NOT NULL
+        ) WITHOUT ROWID
+        """,
+        """
+        CREATE TABLE _alkstore_throughput (
+            queue     TEXT    NOT NULL,
+            minute    INTEGER NOT NULL,
+            completed INTEGER NOT NULL,
+            retried   INTEGER NOT NULL,
+            dead      INTEGER NOT NULL,
+            PRIMARY KEY (queue, minute)
+        ) WITHOUT ROWID
         """,
     ),
 )

@@ -9,7 +9,7 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
-from alkstore import QueueOpts, Store
+from alkstore import QueueOpts, Store, WorkerInfo
 from alkstore.engine import (
     EncodedPayload,
     Resolved,
@@ -20,7 +20,7 @@ from alkstore.engine import (
     duration_s,
 )
 from alkstore.errors import SchemaVersionError, ValidationError
-from alkstore_sqlite import _identity, _locks, _operations, _schedules, _schema
+from alkstore_sqlite import _identity, _locks, _operations, _schedules, _schema, _workers
 from alkstore_sqlite._connection import (
     SYNCHRONOUS,
     ConnectionPool,
@@ -241,6 +241,15 @@ class SqliteStore(Store):
 
     def _queue_names(self) -> list[str]:
         return _operations.queue_names(self)
+
+    def _put_worker(self, info: WorkerInfo) -> None:
+        _workers.put_worker(self, info)
+
+    def _delete_worker(self, worker_id: str) -> bool:
+        return _workers.delete_worker(self, worker_id)
+
+    def _list_workers(self, now: datetime) -> list[WorkerInfo]:
+        return _workers.list_workers(self, now)
 
     def _put_schedule(self, schedule: Schedule) -> Schedule:
         return _schedules.put_schedule(self, schedule)

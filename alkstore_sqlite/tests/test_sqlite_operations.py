@@ -867,7 +867,7 @@ def _make_version_2(path: Path) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("BEGIN IMMEDIATE")
-        for table in ("queues", "wakes", "schedules", "maintenance"):
+        for table in ("queues", "wakes", "schedules", "maintenance", "workers", "throughput"):
             conn.execute(f"DROP TABLE _alkstore_{table}")
         conn.execute("DROP INDEX _alkstore_dead_queue")
         conn.execute("DROP INDEX _alkstore_jobs_unique")
@@ -906,7 +906,7 @@ def test_version_2_migrates_and_keeps_every_row(db_path: Path, db_url: str) -> N
         with sqlite3.connect(db_path) as conn:
             assert conn.execute("SELECT value FROM _alkstore_meta").fetchone() == (SCHEMA_VERSION,)
             assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-        assert SCHEMA_VERSION == 4
+        assert SCHEMA_VERSION == 5
         assert store.queue_names() == ["graveyard", "q"]
         dead = store.queue("graveyard").dead_jobs()
         assert [j.payload for j in dead] == ["dead one", "dead two"]

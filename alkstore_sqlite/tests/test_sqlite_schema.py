@@ -26,6 +26,8 @@ TABLES = {
     "_alkstore_wakes",
     "_alkstore_schedules",
     "_alkstore_maintenance",
+    "_alkstore_workers",
+    "_alkstore_throughput",
 }
 
 
@@ -213,7 +215,7 @@ def test_version_1_migrates_and_keeps_every_row(db_path: Path) -> None:
         columns = [d[0] for d in conn.execute("SELECT * FROM _alkstore_jobs").description]
     clock = ManualClock()
     with open_store(f"sqlite:///{db_path}", clock=clock) as store:
-        assert _version(db_path) == SCHEMA_VERSION == 4
+        assert _version(db_path) == SCHEMA_VERSION == 5
         with sqlite3.connect(db_path) as conn:
             conn.row_factory = sqlite3.Row
             after = conn.execute("SELECT * FROM _alkstore_jobs ORDER BY id").fetchall()

@@ -497,6 +497,31 @@ class ModelStore:
         )
         return [replace(r) for r in rows[:limit]]
 
+    def jobs(
+        self, queue: str, state: str, limit: int, after_id: int | None, now: datetime
+    ) -> list[ModelJob]:
+        """``Queue.jobs``: copies of up to ``limit`` rows of ``queue`` in the
+        listing ``state`` with ids above ``after_id``, by id; ``"pending"``
+        and ``"scheduled"`` split the pending rows at ``run_at <= now``."""
+        table = {"dead": self.dead, "completed": self.completed}.get(state, self.live)
+
+        def listed(row: ModelJob) -> bool:
+            if state == "pending":
+                return row.state == "pending" and row.run_at <= now
+            if state == "scheduled":
+                return row.state == "pending" and row.run_at > now
+            return row.state == state
+
+        rows = sorted(
+            (
+                r
+                for r in table.values()
+                if r.queue == queue and (after_id is None or r.id > after_id) and listed(r)
+            ),
+            key=lambda r: r.id,
+        )
+        return [replace(r) for r in rows[:limit]]
+
     def requeue(self, queue: str, job_id: int, run_at: datetime) -> bool:
         """``Queue.requeue`` with the resolved ``run_at``: the dead row back to
         pending, its attempts kept and its budget renewed (``max_attempts``

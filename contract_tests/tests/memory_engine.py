@@ -24,6 +24,7 @@ import alkstore
 from alkstore import (
     Job,
     JobHandle,
+    ListedState,
     Queue,
     QueueOpts,
     QueueStats,
@@ -31,6 +32,8 @@ from alkstore import (
     Store,
     Subscription,
     SweepResult,
+    ThroughputPoint,
+    WorkerInfo,
 )
 from alkstore.engine import (
     SCHEDULE_COLUMNS,
@@ -66,6 +69,10 @@ class _Database:
     #: per maintenance task: the instant its next turn may be taken
     maintenance_last: dict[str, datetime] = field(default_factory=dict)
     maintenance_locks: dict[str, threading.Lock] = field(default_factory=dict)
+    #: the workers registry, by worker id
+    workers: dict[str, WorkerInfo] = field(default_factory=dict)
+    #: per (queue, minute): [completed, retried, dead]
+    throughput: dict[tuple[str, datetime], list[int]] = field(default_factory=dict)
 
     def insert(
         self,
@@ -133,6 +140,26 @@ class MemoryStore(Store):
     def _close(self) -> None:
         for subscription in list(self.subscriptions):
             subscription.close()
+
+    def _put_worker(self, info: WorkerInfo) -> None:
+        with self.db.lock:
+            self.db.workers[info.id] = info
+            for worker in list(self.db.workers.values()):
+                if worker.last_seen_at + timedelta(seconds=worker.ttl_s) <= info.last_seen_at:
+                    del self.db.workers[worker.id]
+
+    def _delete_worker(self, worker_id: str) -> bool:
+        with self.db.lock:
+            return self.db.workers.pop(worker_id, None) is not None
+
+    def _list_workers(self, now: datetime) -> list[WorkerInfo]:
+        with self.db.lock:
+            live = [
+                w
+                for w in self.db.workers.values()
+                if w.last_seen_at + timedelta(seconds=w.ttl_s) > now
+            ]
+        return sorted(live, key=lambda w: (w.started_at, w.id))
 
     def _queue_names(self) -> list[str]:
         with self.db.lock:
@@ -361,6 +388,36 @@ class MemoryQueue(Queue):
         if made_due:
             self.db.wake(self.name)
         return made_due
+
+    def _jobs(
+        self, state: ListedState, limit: int, after_id: int | None, now: datetime
+    ) -> list[Job]:
+        with self.db.lock:
+            rows = self.db.model.jobs(self.name, state, limit, after_id, now)
+            return [self._job(row) for row in rows]
+
+    def _completed_count(self) -> int:
+        with self.db.lock:
+            return sum(r.queue == self.name for r in self.db.model.completed.values())
+
+    def _add_throughput(
+        self, minute: datetime, completed: int, retried: int, dead: int, prune_before: datetime
+    ) -> None:
+        with self.db.lock:
+            counts = self.db.throughput.setdefault((self.name, minute), [0, 0, 0])
+            for i, n in enumerate((completed, retried, dead)):
+                counts[i] += n
+            for queue, at in list(self.db.throughput):
+                if queue == self.name and at < prune_before:
+                    del self.db.throughput[queue, at]
+
+    def _throughput(self, since: datetime) -> list[ThroughputPoint]:
+        with self.db.lock:
+            return [
+                ThroughputPoint(at, *counts)
+                for (queue, at), counts in sorted(self.db.throughput.items())
+                if queue == self.name and at >= since
+            ]
 
     def _purge_dead(self, cutoff: datetime | None) -> int:
         with self.db.lock:

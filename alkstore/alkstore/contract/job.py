@@ -17,12 +17,17 @@ __all__ = [
     "MAX_ATTEMPTS_EXCEEDED",
     "Job",
     "JobState",
+    "ListedState",
     "QueueStats",
     "SweepResult",
     "job_from_values",
 ]
 
 JobState = Literal["pending", "processing", "dead", "completed"]
+#: The states :meth:`Queue.jobs` lists by: :data:`JobState`'s, with
+#: ``"pending"`` split as :class:`QueueStats` splits it (due now, or
+#: ``"scheduled"`` for later).
+ListedState = Literal["pending", "scheduled", "processing", "completed", "dead"]
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable, Sequence
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, get_args
 
-from alkstore.contract.job import Job, QueueStats, SweepResult
+from alkstore.contract.job import Job, ListedState, QueueStats, SweepResult
+from alkstore.contract.workers import ThroughputPoint
 from alkstore.errors import ValidationError
 from alkstore.logic import validation as v
 from alkstore.logic.codec import EncodedPayload, encode_payload, encode_payloads
@@ -21,7 +22,11 @@ if TYPE_CHECKING:
     from alkstore.contract.handle import JobHandle
     from alkstore.contract.store import Store
 
-__all__ = ["Queue"]
+__all__ = ["THROUGHPUT_KEPT_S", "Queue"]
+
+#: How long the per-minute throughput counts are kept, seconds (a day).
+THROUGHPUT_KEPT_S = 86_400
+THROUGHPUT_KEPT = timedelta(seconds=THROUGHPUT_KEPT_S)
 
 
 class Queue(abc.ABC):
@@ -436,6 +441,100 @@ class Queue(abc.ABC):
         self._store._check_open()
         return self._lapsed_claims()
 
+    def completed_count(self) -> int:
+        """Count this queue's completed jobs: those kept by an ack through a
+        handle with ``keep_completed_s`` and not purged yet (docs/contract.md
+        §3 "Completed jobs"). An index range, as :meth:`stats`.
+
+        Raises
+        ------
+        StoreClosedError, EngineError
+        """
+        self._store._check_open()
+        return self._completed_count()
+
+    def jobs(
+        self, state: ListedState, *, limit: int = 100, after_id: int | None = None
+    ) -> list[Job]:
+        """This queue's jobs in one state, in id order, a page at a time
+        (docs/contract.md §11 "Listing jobs"; what a dashboard shows).
+
+        Parameters
+        ----------
+        state
+            ``"pending"`` (due now, as :meth:`stats` counts them),
+            ``"scheduled"`` (waiting for a later ``run_at``),
+            ``"processing"`` (claimed, lapsed included), ``"completed"`` or
+            ``"dead"``.
+        limit
+            Page size, ``1 .. 10000``.
+        after_id
+            Return jobs with ids above this (the last id of the previous
+            page); ``None`` starts at the lowest.
+
+        Returns
+        -------
+        list[Job]
+            Snapshots, ids increasing (``state`` is the job's own:
+            ``"pending"`` for a scheduled one).
+
+        Raises
+        ------
+        StoreClosedError, ValidationError, EngineError
+        """
+        self._store._check_open()
+        if state not in get_args(ListedState):
+            raise ValidationError(
+                f"state must be one of {', '.join(get_args(ListedState))}, not {state!r}"
+            )
+        limit = v.int_in_range(limit, "limit", 1, 10_000)
+        after = None if after_id is None else v.int_in_range(after_id, "after_id", 0, 2**63 - 1)
+        if state == "dead":
+            return self._dead_jobs(limit, after)
+        return self._jobs(state, limit, after, self._store._now())
+
+    # -- throughput (docs/contract.md §11) ----------------------------------
+
+    def record_throughput(self, *, completed: int = 0, retried: int = 0, dead: int = 0) -> None:
+        """Add finished jobs to this queue's count for the current minute
+        (by the store's clock): what a worker reports, with its heartbeat,
+        of the jobs it finished since its last report (docs/contract.md §11
+        "Throughput"). Minutes older than :data:`THROUGHPUT_KEPT_S` are
+        deleted on the way.
+
+        Raises
+        ------
+        StoreClosedError, ValidationError, EngineError
+        """
+        self._store._check_open()
+        completed = v.int_in_range(completed, "completed", 0, 2**31 - 1)
+        retried = v.int_in_range(retried, "retried", 0, 2**31 - 1)
+        dead = v.int_in_range(dead, "dead", 0, 2**31 - 1)
+        if completed or retried or dead:
+            now = self._store._now()
+            minute = now.replace(second=0, microsecond=0)
+            self._add_throughput(minute, completed, retried, dead, minute - THROUGHPUT_KEPT)
+
+    def throughput(self, window_s: object = 3600) -> list[ThroughputPoint]:
+        """This queue's finished jobs per minute over the last ``window_s``
+        seconds (default an hour), as workers reported them; minutes
+        without any are left out.
+
+        Returns
+        -------
+        list[ThroughputPoint]
+            Minutes increasing, from the one holding the instant ``window_s``
+            before now to the current, partial one.
+
+        Raises
+        ------
+        StoreClosedError, ValidationError, EngineError
+        """
+        self._store._check_open()
+        window = v.duration_s(window_s, "window_s")
+        since = self._store._now() - duration(window)
+        return self._throughput(since.replace(second=0, microsecond=0))
+
     # -- pause (docs/operations.md) -----------------------------------------
 
     def pause(self) -> bool:
@@ -683,6 +782,32 @@ class Queue(abc.ABC):
     def _dead_jobs(self, limit: int, after_id: int | None) -> list[Job]:
         """Up to ``limit`` dead rows of this queue with ``id > after_id``,
         by id (an index range, not a scan)."""
+
+    @abc.abstractmethod
+    def _jobs(
+        self, state: ListedState, limit: int, after_id: int | None, now: datetime
+    ) -> list[Job]:
+        """Up to ``limit`` live or completed rows of this queue with
+        ``id > after_id`` in ``state`` at ``now`` (never ``"dead"``: that is
+        :meth:`_dead_jobs`), by id. ``"pending"`` and ``"scheduled"``
+        split the pending rows at ``run_at <= now`` as :meth:`_stats` does."""
+
+    @abc.abstractmethod
+    def _completed_count(self) -> int:
+        """How many completed rows this queue has (an index range)."""
+
+    @abc.abstractmethod
+    def _add_throughput(
+        self, minute: datetime, completed: int, retried: int, dead: int, prune_before: datetime
+    ) -> None:
+        """Add the counts to this queue's row for ``minute`` (created at
+        zero when missing; concurrent adds from many workers all count),
+        and delete this queue's rows for minutes before ``prune_before``."""
+
+    @abc.abstractmethod
+    def _throughput(self, since: datetime) -> list[ThroughputPoint]:
+        """This queue's rows with ``minute >= since`` (a minute's start),
+        minutes increasing."""
 
     @abc.abstractmethod
     def _requeue(self, job_id: int, now: datetime, run_at: datetime) -> bool:

@@ -8,11 +8,13 @@ import random
 import threading
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 from alkstore.contract.schedule import CATCH_UP_POLICIES, Schedule, UnreadableSchedule, same_jobs
+from alkstore.contract.workers import WorkerInfo, check_worker_info
 from alkstore.errors import StoreClosedError, ValidationError
 from alkstore.logic import validation as v
 from alkstore.logic.backoff import Rng
@@ -319,6 +321,60 @@ class AsyncStore(abc.ABC):
         self._check_open()
         return [s for s in await self._list_schedules(None) if isinstance(s, UnreadableSchedule)]
 
+    # -- the workers registry (docs/contract.md §11) --------------------------
+
+    async def register_worker(self, info: WorkerInfo) -> WorkerInfo:
+        """Record a worker, or refresh its record (Oban's and River's
+        producer records; docs/contract.md §11 "Workers registry"). The
+        worker runtime calls it when it starts and then with every
+        heartbeat; :meth:`workers` lists it until ``info.ttl_s`` seconds
+        pass without a refresh. ``last_seen_at`` is set to now by the
+        store's clock, whatever ``info`` says; the other fields are stored
+        as given (a refresh replaces them). Records silent past their own
+        ``ttl_s`` are deleted on the way.
+
+        Returns
+        -------
+        WorkerInfo
+            What was stored (``running`` sorted).
+
+        Raises
+        ------
+        StoreClosedError, ValidationError, EngineError
+        """
+        self._check_open()
+        stored = replace(check_worker_info(info), last_seen_at=await self._now())
+        await self._put_worker(stored)
+        return stored
+
+    async def unregister_worker(self, worker_id: str) -> bool:
+        """Delete a worker's record: a worker stopping says it left rather
+        than going silent.
+
+        Returns
+        -------
+        bool
+            ``False`` when there was no such record.
+
+        Raises
+        ------
+        StoreClosedError, ValidationError, EngineError
+        """
+        self._check_open()
+        return await self._delete_worker(v.worker_id(worker_id))
+
+    async def workers(self) -> list[WorkerInfo]:
+        """The live workers: those whose record was refreshed less than its
+        ``ttl_s`` ago by the store's clock, ordered by ``started_at`` then
+        id (docs/contract.md §11 "Workers registry").
+
+        Raises
+        ------
+        StoreClosedError, EngineError
+        """
+        self._check_open()
+        return await self._list_workers(await self._now())
+
     async def close(self) -> None:
         """Release the store's connections. Idempotent; never raises. A
         call while another is closing the store returns once that one has
@@ -452,6 +508,23 @@ class AsyncStore(abc.ABC):
     async def _skip_schedule(self, schedule: Schedule, next_run_at: datetime) -> bool:
         """As :meth:`_fire_schedule` without a job: advance ``next_run_at``
         only; ``False`` when the guard fails."""
+
+    @abc.abstractmethod
+    async def _put_worker(self, info: WorkerInfo) -> None:
+        """Insert or replace the record of ``info.id`` with ``info`` (checked,
+        ``last_seen_at`` set to now); in the same transaction, delete every
+        record whose ``last_seen_at + ttl_s`` is at or before
+        ``info.last_seen_at``."""
+
+    @abc.abstractmethod
+    async def _delete_worker(self, worker_id: str) -> bool:
+        """Delete the record of ``worker_id``; ``True`` if one was deleted."""
+
+    @abc.abstractmethod
+    async def _list_workers(self, now: datetime) -> list[WorkerInfo]:
+        """The records with ``last_seen_at + ttl_s > now``, ordered by
+        ``started_at`` then id, each instant and ``ttl_s`` exactly as
+        stored."""
 
     @abc.abstractmethod
     def _maintenance_turn(self, task: str, interval_s: float) -> AbstractAsyncContextManager[bool]:

@@ -44,7 +44,7 @@ from typing import Any, ParamSpec, TypeVar
 import alkstore._acompat_async  # noqa: F401
 from alkstore.contract.handle import JobHandle
 from alkstore.contract.handle_async import AsyncJobHandle
-from alkstore.contract.job import Job, QueueStats, SweepResult
+from alkstore.contract.job import Job, ListedState, QueueStats, SweepResult
 from alkstore.contract.queue import Queue
 from alkstore.contract.queue_async import AsyncQueue
 from alkstore.contract.schedule import Schedule, UnreadableSchedule
@@ -52,6 +52,7 @@ from alkstore.contract.store import Store, check_store
 from alkstore.contract.store_async import AsyncStore
 from alkstore.contract.subscription import Subscription
 from alkstore.contract.subscription_async import AsyncSubscription
+from alkstore.contract.workers import ThroughputPoint, WorkerInfo
 from alkstore.errors import EngineError, StoreClosedError, ValidationError
 from alkstore.logic import validation as v
 from alkstore.logic.codec import EncodedPayload
@@ -220,6 +221,15 @@ class ThreadedAsyncStore(AsyncStore):
     async def _queue_names(self) -> list[str]:
         return await self._run(self._sync._queue_names)
 
+    async def _put_worker(self, info: WorkerInfo) -> None:
+        await self._run(self._sync._put_worker, info)
+
+    async def _delete_worker(self, worker_id: str) -> bool:
+        return await self._run(self._sync._delete_worker, worker_id)
+
+    async def _list_workers(self, now: datetime) -> list[WorkerInfo]:
+        return await self._run(self._sync._list_workers, now)
+
     async def _put_schedule(self, schedule: Schedule) -> Schedule:
         return await self._run(self._sync._put_schedule, schedule)
 
@@ -337,6 +347,24 @@ class ThreadedAsyncQueue(AsyncQueue):
 
     async def _purge_dead(self, cutoff: datetime | None) -> int:
         return await self._threaded._run(self._sync._purge_dead, cutoff)
+
+    async def _jobs(
+        self, state: ListedState, limit: int, after_id: int | None, now: datetime
+    ) -> list[Job]:
+        return await self._threaded._run(self._sync._jobs, state, limit, after_id, now)
+
+    async def _completed_count(self) -> int:
+        return await self._threaded._run(self._sync._completed_count)
+
+    async def _add_throughput(
+        self, minute: datetime, completed: int, retried: int, dead: int, prune_before: datetime
+    ) -> None:
+        await self._threaded._run(
+            self._sync._add_throughput, minute, completed, retried, dead, prune_before
+        )
+
+    async def _throughput(self, since: datetime) -> list[ThroughputPoint]:
+        return await self._threaded._run(self._sync._throughput, since)
 
 
 def _sync_handles(handles: list[AsyncJobHandle]) -> list[JobHandle]:

@@ -24,6 +24,7 @@ __all__ = [
     "aware_utc",
     "duration_s",
     "error_text",
+    "host_name",
     "int_in_range",
     "is_collection",
     "job_id",
@@ -270,6 +271,18 @@ def worker_id(value: object) -> str:
         Otherwise.
     """
     return _stored_text(value, "worker_id", MAX_WORKER_ID_CHARS)
+
+
+def host_name(value: object) -> str:
+    """Check a worker's host name as the workers registry stores it: a
+    ``str`` of 1 to 255 characters, as a worker id.
+
+    Raises
+    ------
+    ValidationError
+        Otherwise.
+    """
+    return _stored_text(value, "host", 255)
 
 
 def unique_key(value: object, what: str = "unique_key") -> str | None:

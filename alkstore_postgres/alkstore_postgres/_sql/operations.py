@@ -1,6 +1,6 @@
 """The operator's statements (:mod:`alkstore_postgres._operations`): pause
-and resume, the dead-letter pages, requeue and purge, and the queue
-listing.
+and resume, the dead-letter pages, the job pages by state, requeue and
+purge, and the queue listing.
 
 A wake is a ``pg_notify`` in the same statement, so only a commit sends it
 (to every process listening).
@@ -13,11 +13,12 @@ from typing import Any
 
 from psycopg import sql
 
-from alkstore_postgres._rows import DEAD_COLUMNS
+from alkstore_postgres._rows import COMPLETED_COLUMNS, DEAD_COLUMNS, LIVE_COLUMNS
 from alkstore_postgres._schema import Statement, render
 from alkstore_postgres._sql.queue import INT64_MAX, INT64_MIN
 
 __all__ = [
+    "COMPLETED_COUNT",
     "DEAD_JOBS",
     "IS_PAUSED",
     "PAUSE",
@@ -28,6 +29,7 @@ __all__ = [
     "RUN_NOW",
     "dead_jobs_lower",
     "dead_jobs_query",
+    "jobs_query",
     "requeue_params",
 ]
 
@@ -63,6 +65,34 @@ DEAD_JOBS = sql.SQL("""
     ORDER BY id
     LIMIT {limit}
 """)
+
+# Which private states (alkstore_postgres._schema) are in each listing state,
+# split at now as STATS splits them: an 'expired' row (waiting for the
+# sweep) is pending or scheduled without a claim, processing with one. The
+# values are literals, as in DEAD_JOBS.
+_WAITING = "(state IN ('pending', 'scheduled') OR (state = 'expired' AND claim_deadline IS NULL))"
+_LISTED = {
+    "pending": f"{_WAITING} AND run_at <= {{now}}",
+    "scheduled": f"{_WAITING} AND run_at > {{now}}",
+    "processing": (
+        "(state IN ('processing', 'lapsed') OR (state = 'expired' AND claim_deadline IS NOT NULL))"
+    ),
+}
+_JOBS_PAGES = {
+    state: sql.SQL(
+        "SELECT {live_columns} FROM {jobs} WHERE queue = {queue} AND id >= {lower} AND "
+        + condition
+        + " ORDER BY id LIMIT {limit}"
+    )
+    for state, condition in _LISTED.items()
+}
+_JOBS_PAGES["completed"] = sql.SQL(
+    "SELECT {completed_columns} FROM {completed} WHERE queue = {queue} AND id >= {lower} "
+    "ORDER BY id LIMIT {limit}"
+)
+
+# A range of completed_finished (queue, finished_at).
+COMPLETED_COUNT = sql.SQL("SELECT count(*) FROM {completed} WHERE queue = %(queue)s")
 
 # One statement: the job leaves the dead table and enters the live one in
 # the same commit, so every snapshot sees it in exactly one of them. Its
@@ -178,6 +208,25 @@ def dead_jobs_query(schema: str, queue: str, lower: int, limit: int) -> bytes:
         queue=sql.Literal(queue),
         lower=sql.Literal(lower),
         limit=sql.Literal(limit),
+    )
+    return render(statement, schema)
+
+
+def jobs_query(
+    schema: str, queue: str, state: str, bounds: tuple[int, int], now: datetime
+) -> bytes:
+    """A page of the live or completed rows of ``queue`` in ``state`` (a
+    :data:`alkstore.ListedState` but ``"dead"``), ``bounds`` being the
+    lowest id and the page size, with its values written in."""
+    lower, limit = bounds
+    statement = Statement(
+        _JOBS_PAGES[state],
+        live_columns=LIVE_COLUMNS,
+        completed_columns=COMPLETED_COLUMNS,
+        queue=sql.Literal(queue),
+        lower=sql.Literal(lower),
+        limit=sql.Literal(limit),
+        now=sql.Literal(now),
     )
     return render(statement, schema)
 

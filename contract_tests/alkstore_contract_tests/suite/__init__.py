@@ -64,6 +64,11 @@ from alkstore_contract_tests.suite.unique import UniqueKeyConcurrencyTests, Uniq
 from alkstore_contract_tests.suite.validation import ValidationTests
 from alkstore_contract_tests.suite.wake import WakeTests
 from alkstore_contract_tests.suite.worker import WorkerTests
+from alkstore_contract_tests.suite.workers import (
+    JobListingTests,
+    ThroughputTests,
+    WorkersRegistryTests,
+)
 
 __all__ = [
     "TOPICS",
@@ -94,6 +99,7 @@ __all__ = [
     "ReleaseTests",
     "IdTests",
     "IsolationTests",
+    "JobListingTests",
     "OptionResolutionTests",
     "OutboxTests",
     "PauseTests",
@@ -111,6 +117,7 @@ __all__ = [
     "SweepTests",
     "SweeperTests",
     "ThreadConcurrencyTests",
+    "ThroughputTests",
     "TimeTests",
     "TransactionalEnqueueTests",
     "UniqueKeyConcurrencyTests",
@@ -118,6 +125,7 @@ __all__ = [
     "ValidationTests",
     "WakeTests",
     "WorkerTests",
+    "WorkersRegistryTests",
 ]
 
 
@@ -150,6 +158,9 @@ class ContractSuite(
     DeadLetterOpsTests,
     RunNowTests,
     QueueNamesTests,
+    JobListingTests,
+    WorkersRegistryTests,
+    ThroughputTests,
     ScheduleTests,
     SweeperTests,
     OutboxTests,
