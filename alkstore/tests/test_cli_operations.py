@@ -776,3 +776,49 @@ def test_schedule_arguments_are_checked_before_the_store_opens(
     assert message in line
     assert "(ValidationError)" in line
     assert not (project / "typo.db").exists()
+
+
+# -- workers -------------------------------------------------------------------
+
+
+def test_workers_lists_the_live_records(project: Path, url: str) -> None:
+    ok(run(project, url, "migrate"))
+    assert ok(run(project, url, "workers")) == "no live workers\n"
+    now = datetime.now(UTC)
+    with alkstore.open(url) as store:
+        store.register_worker(
+            alkstore.WorkerInfo("w-1", "box", 77, ("mail", "pdf"), 4, now, now, (9, 3), 3600.0)
+        )
+        store.register_worker(
+            alkstore.WorkerInfo("w-gone", "box", 78, ("mail",), 1, now, now, (), 0.000001)
+        )
+        (stored,) = store.workers()
+    lines = ok(run(project, url, "workers")).splitlines()
+    assert lines[0].split() == [
+        "id",
+        "host:pid",
+        "queues",
+        "busy",
+        "started_at",
+        "last_seen_at",
+        "running",
+    ]
+    started = stored.started_at.isoformat(timespec="seconds")
+    seen = stored.last_seen_at.isoformat(timespec="seconds")
+    assert [line.split() for line in lines[1:]] == [
+        ["w-1", "box:77", "mail,pdf", "2/4", started, seen, "3", "9"]
+    ]
+    (record,) = [
+        json.loads(line) for line in ok(run(project, url, "workers", "--json")).splitlines()
+    ]
+    assert record == {
+        "id": "w-1",
+        "host": "box",
+        "pid": 77,
+        "queues": ["mail", "pdf"],
+        "concurrency": 4,
+        "started_at": stored.started_at.isoformat(),
+        "last_seen_at": stored.last_seen_at.isoformat(),
+        "running": [3, 9],
+        "ttl_s": 3600.0,
+    }

@@ -1,8 +1,9 @@
-"""``pause``, ``resume``, ``cancel``, ``retry`` and ``dead list|requeue|purge``
-(docs/operations.md, docs/command.md)."""
+"""``pause``, ``resume``, ``cancel``, ``retry``, ``dead list|requeue|purge``
+and ``workers`` (docs/operations.md, docs/command.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from alkstore.cli.context import (
 )
 from alkstore.cli.group import cli
 from alkstore.cli.options import APP_ENV, APP_STORE, JOB_ID, SECONDS
-from alkstore.cli.render import job_fields, table, when
+from alkstore.cli.render import job_fields, jsonable, table, when
 from alkstore.contract.queue import Queue
 from alkstore.contract.vacuum import VacuumReporting
 
@@ -264,6 +265,42 @@ def dead_purge(
         ctx.warn_unknown_queues(store, [queue_name])
         purged = store.queue(queue_name).purge_dead(older_than)
     click.echo(f"{purged} dead job(s) purged")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line.")
+@APP_STORE
+@click.pass_obj
+def workers(ctx: Context, *, as_json: bool, app_spec: str | None) -> None:
+    """Show the live workers of the store: where each runs, its queues and
+    concurrency, when it started and last refreshed its record, and the
+    jobs it runs (docs/contract.md §11 "Workers registry"). A worker that
+    stopped without a word drops off three refresh intervals after its last.
+    """
+    with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
+        found = store.workers()
+    if as_json:
+        for info in found:
+            fields = {k: jsonable(v) for k, v in dataclasses.asdict(info).items()}
+            click.echo(json.dumps(fields, ensure_ascii=False))
+        return
+    if not found:
+        click.echo("no live workers")
+        return
+    rows = [
+        (
+            info.id,
+            f"{info.host}:{info.pid}",
+            ",".join(info.queues),
+            f"{len(info.running)}/{info.concurrency}",
+            when(info.started_at),
+            when(info.last_seen_at),
+            " ".join(map(str, info.running)) or "-",
+        )
+        for info in found
+    ]
+    header = ("id", "host:pid", "queues", "busy", "started_at", "last_seen_at", "running")
+    click.echo(table(header, rows))
 
 
 @cli.command()

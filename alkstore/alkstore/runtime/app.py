@@ -25,6 +25,7 @@ from alkstore.errors import ValidationError
 from alkstore.logic import validation as v
 from alkstore.logic.callbacks import handler_kind
 from alkstore.logic.options import QueueOpts
+from alkstore.runtime.observe import Observer, Observers
 from alkstore.runtime.outbox import Outbox, Send
 from alkstore.runtime.task import Task, UniqueRule, check_unique_rule, default_task_name
 
@@ -146,6 +147,9 @@ class App:
         self._aopening: Future[AsyncStore] | None = None
         self._aloop: asyncio.AbstractEventLoop | None = None
         self._aqueues: dict[str, AsyncQueue] = {}
+        # The observers (add_observer), None when there is none: tasks and
+        # workers test only that (docs/operations.md "Metrics and telemetry").
+        self._observing: Observers | None = None
 
     def __repr__(self) -> str:
         return f"<App {self.url!r}, {len(self._tasks)} task(s)>"
@@ -722,6 +726,46 @@ class App:
             raise ValidationError(
                 f"unknown queue option(s) {', '.join(unknown)}; accepted: {', '.join(fields)}"
             ) from None
+
+    # -- observers (docs/operations.md "Metrics and telemetry") ----------------
+
+    @property
+    def observers(self) -> tuple[Observer, ...]:
+        """The observers added with :meth:`add_observer`, in order."""
+        observing = self._observing
+        return () if observing is None else observing.all
+
+    def add_observer(self, observer: Observer) -> None:
+        """Have ``observer`` see this app's task enqueues and the jobs its
+        workers run from now on (a worker already running included, from
+        its next job). :func:`alkstore.contrib.opentelemetry.instrument` and
+        :func:`alkstore.contrib.prometheus.instrument` call this.
+
+        Raises
+        ------
+        ValidationError
+            If ``observer`` is not an :class:`~alkstore.runtime.observe.Observer`,
+            or was already added.
+        """
+        if not isinstance(observer, Observer):
+            raise ValidationError(
+                "an observer must be an alkstore.runtime.observe.Observer, "
+                f"not {type(observer).__name__}"
+            )
+        with self._lock:
+            if observer in self.observers:
+                raise ValidationError(f"observer {observer!r} was already added to this app")
+            self._observing = Observers([*self.observers, observer])
+
+    def remove_observer(self, observer: Observer) -> bool:
+        """Stop ``observer`` seeing this app (jobs already started still
+        report to it); return whether it had been added."""
+        with self._lock:
+            kept = [o for o in self.observers if o is not observer]
+            if len(kept) == len(self.observers):
+                return False
+            self._observing = Observers(kept) if kept else None
+            return True
 
     # -- workers -------------------------------------------------------------
 

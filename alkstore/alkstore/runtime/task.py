@@ -4,6 +4,9 @@
 A task's job payload is the JSON object ``{"task": NAME, "args": [...],
 "kwargs": {...}}``; the payload codec (docs/contract.md §3 "Payload") encodes it, so
 arguments that are not strict JSON raise ``ValidationError`` at enqueue.
+When the app has observers (:meth:`App.add_observer`), it may also hold
+``"trace"``: the context carried from the enqueue to the job
+(:data:`~alkstore.runtime.observe.TRACE_KEY`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, ParamSpec, TypeVar
 
 from alkstore.errors import ValidationError
@@ -41,6 +45,9 @@ R = TypeVar("R")
 
 #: The keywords of :meth:`Task.options` (and of :meth:`Queue.enqueue`).
 ENQUEUE_OPTIONS = ("delay", "run_at", "priority", "max_attempts", "expires", "unique_key")
+
+#: The context of an enqueue no observer sees (reusable: it holds nothing).
+_UNOBSERVED = nullcontext()
 
 #: A task's rule for its jobs' unique keys (:meth:`App.task`'s ``unique_key``):
 #: ``True`` (one live job per distinct call), a key (one live job of the
@@ -91,7 +98,10 @@ def parse_task_payload(payload: object) -> TaskCall:
     """Read a job payload written by :func:`task_payload`.
 
     ``"args"`` and ``"kwargs"`` may be missing (no arguments), so a payload
-    enqueued by hand as ``{"task": "send_report"}`` runs too.
+    enqueued by hand as ``{"task": "send_report"}`` runs too. Other keys
+    are ignored, among them ``"trace"`` (the context an observer carries,
+    :data:`~alkstore.runtime.observe.TRACE_KEY`; read by
+    :func:`~alkstore.runtime.observe.payload_trace`).
 
     Raises
     ------
@@ -408,7 +418,10 @@ class Task(Generic[P, R]):
             As :meth:`Queue.enqueue`.
         """
         payload = self.payload(*args, **kwargs)
-        return self.app.queue(self.queue).enqueue(payload, **self._options_for(args, kwargs))
+        options = self._options_for(args, kwargs)
+        queue = self.app.queue(self.queue)
+        with self._observed([payload]):
+            return queue.enqueue(payload, **options)
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> int:
         """:meth:`enqueue` for async code, through the app's async store
@@ -423,7 +436,8 @@ class Task(Generic[P, R]):
         payload = self.payload(*args, **kwargs)
         options = self._options_for(args, kwargs)
         queue = await self.app.aqueue(self.queue)
-        return await queue.enqueue(payload, **options)
+        with self._observed([payload]):
+            return await queue.enqueue(payload, **options)
 
     def enqueue_tx(self, conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> int:
         """Store the job inside the caller's open transaction on ``conn``
@@ -451,7 +465,9 @@ class Task(Generic[P, R]):
         """
         payload = self.payload(*args, **kwargs)
         options = self._options_for(args, kwargs)
-        return self.app.queue(self.queue).enqueue_tx(conn, payload, **options)
+        queue = self.app.queue(self.queue)
+        with self._observed([payload]):
+            return queue.enqueue_tx(conn, payload, **options)
 
     async def aenqueue_tx(self, conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> int:
         """:meth:`enqueue_tx` for async code (:meth:`AsyncQueue.enqueue_tx`):
@@ -470,7 +486,8 @@ class Task(Generic[P, R]):
         payload = self.payload(*args, **kwargs)
         options = self._options_for(args, kwargs)
         queue = await self.app.aqueue(self.queue)
-        return await queue.enqueue_tx(conn, payload, **options)
+        with self._observed([payload]):
+            return await queue.enqueue_tx(conn, payload, **options)
 
     def enqueue_many(self, calls: Iterable[Sequence[Any]]) -> list[int]:
         """Store one job per item of ``calls``, each item the positional
@@ -492,7 +509,9 @@ class Task(Generic[P, R]):
             for a refused argument); nothing is stored.
         """
         payloads, options = self._many(calls)
-        return self.app.queue(self.queue).enqueue_many(payloads, **options)
+        queue = self.app.queue(self.queue)
+        with self._observed(payloads):
+            return queue.enqueue_many(payloads, **options)
 
     async def aenqueue_many(self, calls: Iterable[Sequence[Any]]) -> list[int]:
         """:meth:`enqueue_many` for async code: the same checks, errors and
@@ -505,7 +524,8 @@ class Task(Generic[P, R]):
         """
         payloads, options = self._many(calls)
         queue = await self.app.aqueue(self.queue)
-        return await queue.enqueue_many(payloads, **options)
+        with self._observed(payloads):
+            return await queue.enqueue_many(payloads, **options)
 
     def unique_key_of(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
         """The unique key a job of this call gets (docs/tasks-and-workers.md
@@ -559,6 +579,15 @@ class Task(Generic[P, R]):
             # message; this key is never stored.
             return "unencodable"
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+    def _observed(self, payloads: list[dict[str, Any]]) -> AbstractContextManager[object]:
+        """Around an enqueue of ``payloads``: the app's observers see it,
+        and may carry a context in each payload (``"trace"``);
+        nothing when it has none."""
+        observing = self.app._observing
+        if observing is None:
+            return _UNOBSERVED
+        return observing.enqueuing(self.queue, self.name, payloads)
 
     def _options_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, object]:
         """The enqueue options of one call: the per-job ones and its key."""

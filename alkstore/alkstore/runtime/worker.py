@@ -66,6 +66,7 @@ from alkstore.runtime.lease import Lease, gone_while_held, write_while_held
 from alkstore.runtime.outbox import Send
 from alkstore.runtime.outcome import Fail, Retry, describe_exception, retry_or_bury
 from alkstore.runtime.pool import DaemonPool
+from alkstore.runtime.presence import DEFAULT_REGISTRY_INTERVAL_S, Presence
 from alkstore.runtime.scheduler import DEFAULT_TICK_INTERVAL_S, Scheduler
 from alkstore.runtime.signals import EXIT_AFTER_S, stop_signals
 from alkstore.runtime.sweeper import DEFAULT_SWEEP_INTERVAL_S, Sweeper
@@ -80,11 +81,13 @@ if TYPE_CHECKING:
     from alkstore.contract.subscription import Subscription
     from alkstore.runtime.app import App
     from alkstore.runtime.loop import LoopThread
+    from alkstore.runtime.observe import JobWatch
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD_S",
     "DEFAULT_POLL_INTERVAL_S",
     "DEFAULT_PREFETCH",
+    "DEFAULT_REGISTRY_INTERVAL_S",
     "DEFAULT_SWEEP_INTERVAL_S",
     "DEFAULT_TICK_INTERVAL_S",
     "Outcome",
@@ -170,6 +173,8 @@ class _Finished(NamedTuple):
     #: What the handler returned, kept as the job's result when its queue
     #: keeps completed jobs (checked by the codec before it got here).
     result: object = None
+    #: The app's observers' view of the job (None: the app had none).
+    watch: JobWatch | None = None
 
 
 class _Resolved(NamedTuple):
@@ -315,7 +320,8 @@ class Worker:
     (:func:`~alkstore.runtime.outcome.retry_or_bury`). Each
     outcome is one record on the ``alkstore.worker`` logger with the extra
     fields ``queue``, ``job_id``, ``task``, ``attempt``, ``duration_s`` and
-    ``outcome``.
+    ``outcome``, and is reported to the app's observers
+    (:meth:`App.add_observer`; docs/operations.md "Metrics and telemetry").
 
     Stopping (:meth:`stop`, or the first SIGTERM/SIGINT when :meth:`run` is
     called from the main thread, or cancelling the task awaiting
@@ -360,6 +366,13 @@ class Worker:
         Seconds between :meth:`Scheduler.tick` calls, ``> 0`` (default 1),
         so the store's schedules fire while any worker runs; ``None`` never
         ticks (run ``alkstore scheduler`` instead; docs/schedules.md).
+    registry_interval_s
+        Seconds between refreshes of the worker's record in the workers
+        registry, ``> 0`` (default 10), each with the jobs it runs and the
+        per-queue counts of jobs ended since the last (docs/contract.md §11,
+        ``Store.workers()``, ``alkstore workers``); the record drops off
+        three intervals after the last refresh if the worker dies without
+        removing it. ``None`` keeps the worker out of the registry.
     relays
         Whether to run the app's outbox relays (``App.relay``), each on its
         own thread, until the worker stops (docs/outbox.md); an async
@@ -390,6 +403,7 @@ class Worker:
         grace_period_s: float = DEFAULT_GRACE_PERIOD_S,
         sweep_interval_s: float | None = DEFAULT_SWEEP_INTERVAL_S,
         tick_interval_s: float | None = DEFAULT_TICK_INTERVAL_S,
+        registry_interval_s: float | None = DEFAULT_REGISTRY_INTERVAL_S,
         relays: bool = True,
         worker_id: str | None = None,
         handle_signals: bool | None = None,
@@ -428,6 +442,13 @@ class Worker:
             if tick_interval_s is None
             else v.duration_s(tick_interval_s, "tick_interval_s", positive=True)
         )
+        self._registry_interval_s = (
+            None
+            if registry_interval_s is None
+            else v.duration_s(registry_interval_s, "registry_interval_s", positive=True)
+        )
+        # The worker's record and throughput reports, made when a run starts.
+        self._presence: Presence | None = None
         if not isinstance(relays, bool):
             raise ValidationError("relays must be a bool")
         self._relays = relays
@@ -808,6 +829,8 @@ class Worker:
                     sub.close()
                 self._outcomes.shutdown()
                 self._stop_own_loop()
+                if self._presence is not None:
+                    self._presence.leave()
         counts = self.counts
         log.info(
             "worker %s stopped: %d succeeded, %d retried, %d dead, %d lost, %d cancelled%s",
@@ -885,7 +908,24 @@ class Worker:
             chores.append(
                 _Chore("the scheduler tick", self._tick_interval_s, Scheduler(store).tick)
             )
+        if self._registry_interval_s is not None:
+            self._presence = Presence(
+                store,
+                self._worker_id,
+                self._queue_names,
+                self._concurrency,
+                interval_s=self._registry_interval_s,
+                running=self._running_ids,
+            )
+            chores.append(
+                _Chore("the workers registry", self._registry_interval_s, self._presence.refresh)
+            )
         return chores
+
+    def _running_ids(self) -> list[int]:
+        """The ids of the jobs running now (for the workers registry)."""
+        with self._cond:
+            return sorted(handle.id for handle in self._running.values())
 
     def _run_due(self, chores: list[_Chore]) -> float:
         """Run the chores that are due; return when the next one is."""
@@ -1311,6 +1351,8 @@ class Worker:
         ``None`` when the job succeeded and was handed to the completer."""
         started = time.monotonic()
         resolved = self._resolve(handle)
+        observing = self._app._observing
+        watch = None if observing is None else observing.job_started(handle, resolved.task_name)
         raised: BaseException | None = None
         returned: object = None
         task, call = resolved.task, resolved.call
@@ -1324,7 +1366,11 @@ class Worker:
             except BaseException as exc:
                 raised = exc
         duration_s = time.monotonic() - started
-        return self._conclude(handle, lease, resolved, raised, duration_s, returned=returned)
+        if watch is not None:
+            watch.ran(raised)
+        return self._conclude(
+            handle, lease, resolved, raised, duration_s, returned=returned, watch=watch
+        )
 
     # -- async tasks (docs/tasks-and-workers.md "Async tasks") -----------------
     #
@@ -1478,6 +1524,8 @@ class Worker:
             self._coroutines.pop(job.token, None)
             self._hand_off(self._failed(job, exc))
             return
+        observing = self._app._observing
+        watch = None if observing is None else observing.job_started(job.handle, resolved.task_name)
         try:
             if resolved.task is not None and resolved.call is not None:
                 args = _arguments(resolved.task, resolved.call, job.lease)
@@ -1490,10 +1538,14 @@ class Worker:
             raised = exc
         duration_s = time.monotonic() - started
         self._coroutines.pop(job.token, None)
+        if watch is not None:
+            watch.ran(raised)
         if job.token in self._abandoned:
             # Cancelled at the end of the grace period: neither acked nor
             # retried, whatever it did then; its claim lapses (as a thread's).
             self._abandoned.discard(job.token)
+            if watch is not None:
+                watch.finished("lost", duration_s)
             self._hand_off(lambda: self._abandon(job))
             return
         self._hand_off(
@@ -1502,7 +1554,13 @@ class Worker:
                 job.handle,
                 job.lease,
                 lambda: self._conclude(
-                    job.handle, job.lease, resolved, raised, duration_s, returned=returned
+                    job.handle,
+                    job.lease,
+                    resolved,
+                    raised,
+                    duration_s,
+                    returned=returned,
+                    watch=watch,
                 ),
             )
         )
@@ -1589,6 +1647,7 @@ class Worker:
         duration_s: float,
         *,
         returned: object = None,
+        watch: JobWatch | None = None,
     ) -> Outcome | None:
         """Record a job's outcome (off the event loop): hand a success to
         the completer, write a retry or a failure; return the outcome, or
@@ -1621,7 +1680,7 @@ class Worker:
                 )
             else:
                 result = returned
-        finished = _Finished(handle, task_name, duration_s, lease, result)
+        finished = _Finished(handle, task_name, duration_s, lease, result, watch)
         if action == "ack" and self._completer.add(finished):
             return None  # still heartbeaten until the completer's flush
         # Heartbeaten until the outcome is written, which a passing fault
@@ -1676,6 +1735,7 @@ class Worker:
                 error=error,
                 duration_s=duration_s,
                 exc_info=exc_info,
+                watch=watch,
             )
         except Exception:
             log.exception("logging the outcome of job %s of %r failed", handle.id, handle.queue)
@@ -1775,6 +1835,7 @@ class Worker:
                     error=None,
                     duration_s=item.duration_s,
                     exc_info=None,
+                    watch=item.watch,
                 )
             except Exception:
                 log.exception("logging the outcome of job %s of %r failed", item.handle.id, name)
@@ -1832,7 +1893,13 @@ class Worker:
         error: object,
         duration_s: float,
         exc_info: BaseException | None,
+        watch: JobWatch | None = None,
     ) -> None:
+        if watch is not None:
+            watch.finished(outcome, duration_s)
+        presence = self._presence
+        if presence is not None:
+            presence.count(handle.queue, outcome)
         level = {"succeeded": logging.INFO, "cancelled": logging.INFO, "dead": logging.ERROR}.get(
             outcome, logging.WARNING
         )

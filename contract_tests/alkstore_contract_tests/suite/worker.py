@@ -705,6 +705,61 @@ class WorkerTests(WorkerFixtures):
         assert (waiting.state, waiting.attempts) == ("pending", 0)
         assert executions(worker_log_dir) == {"running": 1}
 
+    # -- the workers registry (docs/contract.md §11) ---------------------------
+
+    def test_a_running_worker_is_in_the_registry_with_its_jobs_and_reports_throughput(
+        self, worker_apps: AppFactory, worker_clock: ManualClock, worker_log_dir: str
+    ) -> None:
+        """The worker records itself when it starts, shows the job it runs
+        at its next refresh, reports the jobs that ended per minute, and
+        removes its record when it stops."""
+        app = worker_apps(clock=worker_clock)
+        store, queue = app.store, app.queue(QUEUE)
+        gated_id = app.tasks["gated"].enqueue(worker_log_dir, "g")
+        for i in range(3):
+            app.tasks["record"].enqueue(worker_log_dir, f"r{i}")
+        queue.enqueue({"task": "no-such-task"})  # dead at once
+        worker = app.worker(
+            concurrency=2,
+            poll_interval_s=0.05,
+            registry_interval_s=0.05,
+            worker_id="registry-w",
+            handle_signals=False,
+        )
+        running = RunningWorker(worker)
+        wait_until(lambda: started(worker_log_dir), "the gated job to start")
+        wait_until(
+            lambda: [w.running for w in store.workers()] == [(gated_id,)],
+            "the registry to show the gated job running",
+        )
+        (info,) = store.workers()
+        assert (info.id, info.pid, info.queues, info.concurrency) == (
+            "registry-w",
+            os.getpid(),
+            (QUEUE,),
+            2,
+        )
+        assert (info.started_at, info.last_seen_at, info.ttl_s) == (T0, T0, 3 * 0.05)
+        release(worker_log_dir)
+        assert running.finish() == WorkerCounts(succeeded=4, dead=1)
+        assert store.workers() == []  # it said it left
+        (point,) = queue.throughput()
+        assert point == (T0, 4, 0, 1)
+
+    def test_a_worker_can_stay_out_of_the_registry(
+        self, worker_apps: AppFactory, worker_clock: ManualClock, worker_log_dir: str
+    ) -> None:
+        app = worker_apps(clock=worker_clock)
+        app.tasks["gated"].enqueue(worker_log_dir, "g")
+        running = RunningWorker(
+            app.worker(poll_interval_s=0.05, registry_interval_s=None, handle_signals=False)
+        )
+        wait_until(lambda: started(worker_log_dir), "the gated job to start")
+        assert app.store.workers() == []
+        release(worker_log_dir)
+        assert running.finish() == WorkerCounts(succeeded=1)
+        assert app.queue(QUEUE).throughput() == []
+
     # -- results (docs/tasks-and-workers.md "Results") --------------------------
 
     def test_a_return_value_is_kept_as_the_result_where_the_queue_keeps_completed_jobs(
