@@ -13,14 +13,15 @@ The group and its options are in :mod:`~alkstore.cli.group`, what commands
 share in :mod:`~alkstore.cli.context`, :mod:`~alkstore.cli.options` and
 :mod:`~alkstore.cli.render`; each family of commands has its module:
 :mod:`~alkstore.cli.worker`, :mod:`~alkstore.cli.jobs`,
-:mod:`~alkstore.cli.operations`, :mod:`~alkstore.cli.schedules`.
+:mod:`~alkstore.cli.operations`, :mod:`~alkstore.cli.schedules`,
+:mod:`~alkstore.cli.dashboard`.
 """
 
 from __future__ import annotations
 
 # Importing the command modules registers their commands on the group.
-from alkstore.cli import jobs, operations, schedules, worker
+from alkstore.cli import dashboard, jobs, operations, schedules, worker
 from alkstore.cli.context import load_app
 from alkstore.cli.group import cli, main
 
-__all__ = ["cli", "jobs", "load_app", "main", "operations", "schedules", "worker"]
+__all__ = ["cli", "dashboard", "jobs", "load_app", "main", "operations", "schedules", "worker"]
