@@ -39,6 +39,7 @@ from alkstore import (
     Schedule,
     SweepResult,
     ValidationError,
+    WorkerInfo,
     enqueue_options,
     resolve,
 )
@@ -339,6 +340,53 @@ class CompletedByAgeQueue(SqliteQueue):
             _rowcount, _PURGE_BY_AGE, {"queue": self.name, "cutoff": cutoff}
         )
         return SweepResult(result.expired, result.purged + purged)
+
+
+# -- (e5) throughput added by a read, then a write ----------------------------
+
+_READ_MINUTE = """
+    SELECT completed, retried, dead FROM _alkstore_throughput
+    WHERE queue = :queue AND minute = :minute
+"""
+_WRITE_MINUTE = """
+    INSERT OR REPLACE INTO _alkstore_throughput (queue, minute, completed, retried, dead)
+    VALUES (:queue, :minute, :completed, :retried, :dead)
+"""
+
+
+_PRUNE_MINUTES = "DELETE FROM _alkstore_throughput WHERE queue = :queue AND minute < :before"
+
+
+class ReadThenWriteThroughputQueue(SqliteQueue):
+    """Adds a report to the minute's counts by reading them and writing the
+    sum in a second statement: two reports at once both read the old counts,
+    and one of them is lost."""
+
+    def _add_throughput(
+        self, minute: datetime, completed: int, retried: int, dead: int, prune_before: datetime
+    ) -> None:
+        pool, key = self._store._pool, {"queue": self.name, "minute": to_us(minute)}
+        row = pool.run(_fetchone, _READ_MINUTE, key) or (0, 0, 0)
+        time.sleep(0.001)  # the scheduling point every read-then-write race has
+        counts = {
+            "completed": row[0] + completed,
+            "retried": row[1] + retried,
+            "dead": row[2] + dead,
+        }
+        pool.run(_rowcount, _WRITE_MINUTE, {**key, **counts})
+        prune = {"queue": self.name, "before": to_us(prune_before)}
+        pool.run(_rowcount, _PRUNE_MINUTES, prune)
+
+
+# -- (e6) a workers registry that never lets a silent worker go ----------------
+
+
+class ImmortalWorkersStore(SqliteStore):
+    """Lists every record ever refreshed, however long its worker has been
+    silent: a dead worker stays "live" on every dashboard."""
+
+    def _list_workers(self, now: datetime) -> list[WorkerInfo]:
+        return super()._list_workers(datetime.min.replace(tzinfo=now.tzinfo))
 
 
 # -- (f) a paused queue's claim still dead-letters ---------------------------
@@ -655,6 +703,7 @@ QUEUE_CLASSES: dict[str, type[SqliteQueue]] = {
     "broken-requeue": RequeueResetsAttemptsQueue,
     "broken-release": ReleaseUndoesClaimQueue,
     "broken-completed": CompletedByAgeQueue,
+    "broken-throughput": ReadThenWriteThroughputQueue,
     "broken-pause": PausedClaimBuriesQueue,
     "broken-ties": TiesByPathQueue,
     "broken-stats": LapsedUncountedQueue,
@@ -665,6 +714,7 @@ STORE_CLASSES: dict[str, type[SqliteStore]] = {
     "broken-turn": AlwaysMyTurnStore,
     "broken-half-fire": NonAtomicFireStore,
     "broken-unique": CheckThenInsertStore,
+    "broken-workers": ImmortalWorkersStore,
 }
 ASYNC_STORE_CLASSES: dict[str, type[ThreadedAsyncStore]] = {
     "broken-async-blocks": LoopBlockingAsyncStore,
@@ -766,6 +816,14 @@ class CompletedByAgeHarness(_BrokenHarness):
 
 class CheckThenInsertHarness(_BrokenHarness):
     scheme = "broken-unique"
+
+
+class ReadThenWriteThroughputHarness(_BrokenHarness):
+    scheme = "broken-throughput"
+
+
+class ImmortalWorkersHarness(_BrokenHarness):
+    scheme = "broken-workers"
 
 
 class PausedClaimBuriesHarness(_BrokenHarness):

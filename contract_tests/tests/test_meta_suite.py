@@ -113,6 +113,10 @@ STATS = (
 RELEASE = "released or test_release_"
 UNIQUE = "enqueueing_one_key_at_once"
 COMPLETED = "completed"
+THROUGHPUT = "reports_add_up or concurrent_reports or own_counts or older_than_a_day"
+WORKERS = (
+    "registered_worker or refresh_replaces or silent_worker or silent_records or start_then_id"
+)
 MOVES = "moving_job_twice or ack_racing_a_move"
 ACK_MANY = (
     "empty_is_empty or acks_each_valid_claim or stale_handle_acks or lapsed_claim_is_not_acked"
@@ -239,6 +243,16 @@ def test_a_unique_key_checked_before_the_insert_fails(run_suite: RunSuite) -> No
 def test_completed_jobs_purged_by_their_age_fail(run_suite: RunSuite) -> None:
     result = run_suite("broken_engines", "CompletedByAgeHarness", "-k", COMPLETED)
     assert failed_tests(result) == {"test_a_sweep_purges_completed_jobs_after_the_retention"}
+
+
+def test_throughput_added_by_a_read_then_a_write_fails(run_suite: RunSuite) -> None:
+    result = run_suite("broken_engines", "ReadThenWriteThroughputHarness", "-k", THROUGHPUT)
+    assert failed_tests(result) == {"test_concurrent_reports_all_count"}
+
+
+def test_a_registry_keeping_silent_workers_fails(run_suite: RunSuite) -> None:
+    result = run_suite("broken_engines", "ImmortalWorkersHarness", "-k", WORKERS)
+    assert failed_tests(result) == {"test_a_silent_worker_drops_off_at_its_ttl"}
 
 
 def test_dead_lettering_by_a_paused_claim_fails(run_suite: RunSuite) -> None:
