@@ -602,10 +602,7 @@ class AsyncQueue(abc.ABC):
         ------
         StoreClosedError, ValidationError, EngineError
         """
-        self._store._check_open()
-        limit = v.int_in_range(limit, "limit", 1, 10_000)
-        after = None if after_id is None else v.int_in_range(after_id, "after_id", 0, 2**63 - 1)
-        return await self._dead_jobs(limit, after)
+        return await self.jobs("dead", limit=limit, after_id=after_id)
 
     async def requeue(self, job_id: int, *, delay: object = None) -> bool:
         """Move a dead job of this queue back to pending, as River's and
