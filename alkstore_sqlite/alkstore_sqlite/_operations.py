@@ -103,7 +103,7 @@ _COMPLETED_COUNT = "SELECT count(*) FROM _alkstore_completed WHERE queue = ?"
 # original expiry duration (expires_at - enqueued_at, always > 0) again,
 # from its new run_at; NULL stays NULL. Its attempts are kept, so no claim
 # of it can repeat an earlier claim's (id, attempts) identity, and its
-# budget is renewed by raising max_attempts by its own size (D21). A job
+# budget is renewed by raising max_attempts by the attempts it used (D21). A job
 # whose unique key a live job holds now stays dead: nothing is inserted,
 # so nothing is deleted.
 _REQUEUE = """

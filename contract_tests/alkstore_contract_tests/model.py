@@ -525,7 +525,7 @@ class ModelStore:
     def requeue(self, queue: str, job_id: int, run_at: datetime) -> bool:
         """``Queue.requeue`` with the resolved ``run_at``: the dead row back to
         pending, its attempts kept and its budget renewed (``max_attempts``
-        raised by its own size, at most ``2**31 - 1``), its expiry duration
+        raised by the attempts it used, at most ``2**31 - 1``), its expiry duration
         (``expires_at - enqueued_at``) counted again from ``run_at``, claim
         fields and ``died_at`` cleared, ``last_error`` kept; ``False`` for a
         row whose unique key a live row holds."""

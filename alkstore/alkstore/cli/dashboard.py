@@ -82,9 +82,17 @@ def dashboard(
         fail("--refresh must be 0 (never) or at least 0.1 s")
     configure_logging(log_level)
     with ctx.errors(), ctx.store(app_spec, migrate=False) as store:
+        # An app's queues show even while they hold no job (to pause one
+        # before a deploy, or read its zero on /metrics).
+        named = [] if ctx.loaded_app is None else ctx.loaded_app[0].queue_names
         try:
             app = create_app(
-                store, actions=actions, token=token, refresh_s=refresh, metrics=metrics
+                store,
+                actions=actions,
+                token=token,
+                refresh_s=refresh,
+                metrics=metrics,
+                queues=named,
             )
         except ValueError as exc:
             fail(str(exc))

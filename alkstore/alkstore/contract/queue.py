@@ -608,7 +608,7 @@ class Queue(abc.ABC):
         """Move a dead job of this queue back to pending, as River's and
         Oban's "retry job" do: same id, payload and stamps, ``attempts``
         kept (they count claims, so no claim identity ever repeats) and a
-        fresh budget (``max_attempts`` raised by its own size, at most
+        fresh budget (``max_attempts`` raised by the attempts it used, at most
         ``2**31 - 1``; docs/decisions.md D21), ``worker_id``/
         ``claim_deadline``/``died_at`` cleared, ``last_error`` kept for the
         record. It is due after ``delay``

@@ -202,15 +202,22 @@ class StoreCollector:
     queues
         The queues to report; ``None``: every queue the store has
         (``Store.queue_names()``, read at each scrape).
+    always
+        With ``queues=None``, queues reported beside the store's even while
+        they hold no job (an app's), so their gauges read 0 rather than
+        vanish when they drain.
 
     A scrape costs one ``stats()`` and one ``is_paused()`` per queue, each
     index-driven (docs/operations.md); when one raises
     (``StoreClosedError``, ``EngineError``), the scrape fails with it.
     """
 
-    def __init__(self, store: Store, queues: Iterable[str] | None = None) -> None:
+    def __init__(
+        self, store: Store, queues: Iterable[str] | None = None, *, always: Iterable[str] = ()
+    ) -> None:
         self._store = store
         self._names = None if queues is None else list(queues)
+        self._always = frozenset(always)
         self._queues: dict[str, Queue] = {}
 
     def describe(self) -> list[Metric]:
@@ -220,7 +227,10 @@ class StoreCollector:
     def collect(self) -> Iterator[Metric]:
         """The families with each queue's samples, read now."""
         jobs, paused = self._families()
-        names = self._store.queue_names() if self._names is None else self._names
+        if self._names is None:
+            names = sorted({*self._store.queue_names(), *self._always})
+        else:
+            names = self._names
         for name in names:
             queue = self._queues.get(name)
             if queue is None:

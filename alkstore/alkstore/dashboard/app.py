@@ -13,7 +13,7 @@ which Starlette runs on its thread pool.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -77,6 +77,7 @@ class QueueRow:
     pending: int
     scheduled: int
     processing: int
+    lapsed: int
     dead: int
     completed: int
     counted_at: datetime
@@ -87,8 +88,17 @@ class QueueRow:
 class Dashboard:
     """The pages and actions over one store."""
 
-    def __init__(self, store: Store, *, actions: bool, token: str | None, refresh_s: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        actions: bool,
+        token: str | None,
+        refresh_s: float,
+        queues: Sequence[str] = (),
+    ) -> None:
         self.store = store
+        self.named = tuple(queues)
         self.actions = actions
         self.sessions = Sessions(token) if token is not None else None
         self.refresh_s = refresh_s
@@ -159,6 +169,10 @@ class Dashboard:
 
     # -- reading ---------------------------------------------------------------
 
+    def queue_names(self) -> list[str]:
+        """The store's queues with the ones the dashboard was given, sorted."""
+        return sorted({*self.store.queue_names(), *self.named})
+
     def queue_of(self, name: str | None) -> Queue:
         if not name:
             raise HTTPException(400, "name a queue")
@@ -179,7 +193,7 @@ class Dashboard:
     def overview(self, request: Request) -> Response:
         now = datetime.now(UTC)
         rows = []
-        for name in self.store.queue_names():
+        for name in self.queue_names():
             queue = self.store.queue(name)
             counted = self.counts.get(name)
             stats = counted.stats
@@ -189,6 +203,7 @@ class Dashboard:
                     pending=stats.pending,
                     scheduled=stats.scheduled,
                     processing=stats.processing,
+                    lapsed=counted.lapsed,
                     dead=stats.dead,
                     completed=counted.completed,
                     counted_at=counted.at,
@@ -199,7 +214,7 @@ class Dashboard:
         return self.render(request, "overview.html", title="Queues", page="overview", queues=rows)
 
     def jobs(self, request: Request) -> Response:
-        names = self.store.queue_names()
+        names = self.queue_names()
         name = request.query_params.get("queue") or (names[0] if names else "")
         state = request.query_params.get("state") or "pending"
         if state not in STATES:
@@ -244,14 +259,14 @@ class Dashboard:
         if not given.isdigit() or int(given) >= 2**63:
             return self.error(request, 400, "a job id is a whole number")
         job_id = int(given)
-        names = request.query_params.getlist("queue") or self.store.queue_names()
+        names = request.query_params.getlist("queue") or self.queue_names()
         for name in names:
             if self.queue_of(name).get_job(job_id) is not None:
                 return RedirectResponse(self.href(request, "job", queue=name, job_id=job_id), 303)
         return self.error(request, 404, f"no job {job_id} in any queue")
 
     def dead(self, request: Request) -> Response:
-        names = self.store.queue_names()
+        names = self.queue_names()
         counts = {name: self.counts.get(name).stats.dead for name in names}
         default = next((n for n, c in counts.items() if c), names[0] if names else "")
         name = request.query_params.get("queue") or default
@@ -484,6 +499,7 @@ def create_app(
     token: str | None = None,
     refresh_s: float = 5.0,
     metrics: bool = False,
+    queues: Sequence[str] = (),
 ) -> Starlette:
     """The dashboard over ``store`` as an ASGI app (serve it with uvicorn).
 
@@ -504,6 +520,9 @@ def create_app(
         Also serve ``GET /metrics``: the store's per-queue gauges of
         :class:`alkstore.contrib.prometheus.StoreCollector`, read at each
         scrape, for Prometheus (needs the ``prometheus`` extra).
+    queues
+        Queues to show (and measure) even while they hold no job, beside
+        those the store has (``Store.queue_names()``): an app's, say.
 
     Raises
     ------
@@ -519,7 +538,14 @@ def create_app(
         )
     if not (refresh_s == 0 or 0.1 <= refresh_s <= 3600):
         raise ValueError("refresh_s must be 0 (never) or 0.1 to 3600 seconds")
-    dash = Dashboard(store, actions=actions, token=token if actions else None, refresh_s=refresh_s)
+    queues = [v.queue_name(name) for name in queues]
+    dash = Dashboard(
+        store,
+        actions=actions,
+        token=token if actions else None,
+        refresh_s=refresh_s,
+        queues=queues,
+    )
 
     def on_error(request: Request, exc: Exception) -> Response:
         if isinstance(exc, HTTPException):
@@ -543,7 +569,7 @@ def create_app(
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     if metrics:
-        routes.append(Route("/metrics", _metrics_endpoint(store), name="metrics"))
+        routes.append(Route("/metrics", _metrics_endpoint(store, queues), name="metrics"))
     return Starlette(
         routes=routes,
         middleware=[Middleware(SecurityHeaders)],
@@ -551,7 +577,7 @@ def create_app(
     )
 
 
-def _metrics_endpoint(store: Store) -> Callable[[Request], Response]:
+def _metrics_endpoint(store: Store, queues: Sequence[str]) -> Callable[[Request], Response]:
     """``GET /metrics``: a registry of the store's gauges, in Prometheus's
     text format (prometheus_client imported only when asked for)."""
     from prometheus_client import CollectorRegistry
@@ -560,7 +586,7 @@ def _metrics_endpoint(store: Store) -> Callable[[Request], Response]:
     from alkstore.contrib.prometheus import StoreCollector
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StoreCollector(store))
+    registry.register(StoreCollector(store, always=queues))
 
     def endpoint(request: Request) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

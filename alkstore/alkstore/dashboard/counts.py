@@ -37,6 +37,7 @@ class Counted(NamedTuple):
 
     stats: QueueStats
     completed: int
+    lapsed: int  # of stats.processing: claims past their deadline
     at: datetime  # UTC, when the count was taken
     taken: float  # monotonic, for its age
 
@@ -96,7 +97,7 @@ class QueueCounts:
     def _count(self, name: str) -> Counted:
         queue = self._store.queue(name)
         at, taken = datetime.now(UTC), self._monotonic()
-        counted = Counted(queue.stats(), queue.completed_count(), at, taken)
+        counted = Counted(queue.stats(), queue.completed_count(), queue.lapsed_claims(), at, taken)
         with self._lock:
             current = self._counted.get(name)
             if current is None or current.taken < taken:

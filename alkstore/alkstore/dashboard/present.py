@@ -127,9 +127,13 @@ def show_result(job: Job) -> Shown:
 
 def state_of(job: Job, now: datetime) -> str:
     """The job's state as the dashboard lists them: a pending job not due
-    yet is ``scheduled``."""
+    yet is ``scheduled``; a processing one past its claim deadline is
+    ``lapsed`` (its worker died or stalled; the next claim takes it back).
+    """
     if job.state == "pending" and job.run_at > now:
         return "scheduled"
+    if job.state == "processing" and job.claim_deadline is not None and job.claim_deadline <= now:
+        return "lapsed"
     return job.state
 
 

@@ -51,6 +51,7 @@ class Live:
     hostile_scheduled_id: int
     completed_ids: list[int]
     store_url: str  # what --url names (PostgreSQL: without the schema)
+    store_options: dict[str, Any]  # what alkstore.open needs beside it (schema=)
     #: Each ``hold`` job runs until its gate opens.
     gates: dict[str, threading.Event] = field(default_factory=dict)
 
@@ -67,11 +68,11 @@ class Live:
 
 
 @contextlib.contextmanager
-def _store(engine: str, tmp: Path) -> Iterator[tuple[Store, str]]:
+def _store(engine: str, tmp: Path) -> Iterator[tuple[Store, str, dict[str, Any]]]:
     if engine == "sqlite":
         url = f"sqlite:///{tmp / 'dash.db'}"
         with alkstore.open(url) as store:
-            yield store, url
+            yield store, url, {}
         return
     server = os.environ.get(URL_ENV)
     if not server:
@@ -80,7 +81,7 @@ def _store(engine: str, tmp: Path) -> Iterator[tuple[Store, str]]:
     schema = fresh_schema()
     try:
         with alkstore.open(server, schema=schema) as store:
-            yield store, server
+            yield store, server, {"schema": schema}
     finally:
         drop_schema(server, schema)
 
@@ -93,7 +94,7 @@ def live(
 ) -> Iterator[Live]:
     engine: str = request.param
     with contextlib.ExitStack() as stack:
-        store, store_url = stack.enter_context(
+        store, store_url, store_options = stack.enter_context(
             _store(engine, tmp_path_factory.mktemp(f"dash-{engine}"))
         )
         app = stack.enter_context(App(store=store))
@@ -164,6 +165,7 @@ def live(
             hostile_scheduled_id=hostile_scheduled,
             completed_ids=completed,
             store_url=store_url,
+            store_options=store_options,
             gates=gates,
         )
         live.dead_victims(3)

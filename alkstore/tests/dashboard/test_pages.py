@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urljoin
 
@@ -338,3 +339,61 @@ def test_a_binary_payload_shows_as_hex_and_base64(live: Live, client: httpx.Clie
     assert "<img" not in page
     listed = client.get("/jobs", params={"queue": "binary", "state": "scheduled"}).text
     assert f"{len(data)} bytes: {data[:16].hex(' ')}" in listed
+
+
+def test_a_lapsed_claim_is_marked_on_the_overview_and_the_list(
+    live: Live, client: httpx.Client
+) -> None:
+    """A claim past its deadline (its worker died) shows as lapsed, with
+    its worker and deadline, not as one more processing job."""
+    long_ago = datetime(2024, 1, 1, tzinfo=UTC)
+    with alkstore.open(live.store_url, **live.store_options, clock=lambda: long_ago) as then:
+        stalled = then.queue("stalled")
+        job_id = stalled.enqueue({"n": 1})
+        handle = stalled.claim_one("dead-worker")
+        assert handle is not None
+        assert handle.id == job_id
+    with serve(create_app(live.store, refresh_s=0)) as url:
+        overview = httpx.get(url + "/").text
+        row = overview[overview.index('data-queue="stalled"') :]
+        row = row[: row.index("</tr>")]
+        assert '<span class="badge lapsed" data-count="lapsed"' in row
+        assert ">1 lapsed</span>" in row
+        listing = httpx.get(url + "/jobs?queue=stalled&state=processing").text
+        assert '<span class="badge lapsed">lapsed</span>' in listing
+        assert "<td>dead-worker</td>" in listing
+        assert 'datetime="2024-01-01T00:00:30+00:00"' in listing  # the claim deadline
+
+
+def test_queues_given_to_the_dashboard_show_while_empty(live: Live) -> None:
+    """An app's queues stay on the overview and /metrics when they drain."""
+    pytest.importorskip("prometheus_client")
+    app = create_app(live.store, refresh_s=0, metrics=True, queues=["idle-queue"])
+    with serve(app) as url:
+        overview = httpx.get(url + "/").text
+        metrics = httpx.get(url + "/metrics").text
+    assert 'data-queue="idle-queue"' in overview
+    assert 'alkstore_queue_jobs{queue="idle-queue",state="pending"} 0.0' in metrics
+    assert 'alkstore_queue_paused{queue="idle-queue"} 0.0' in metrics
+    with httpx.Client(base_url=live.readonly_url) as client:
+        assert 'data-queue="idle-queue"' not in client.get("/").text
+
+
+def test_cancel_from_a_job_page_leads_to_its_queue_not_a_missing_job(
+    live: Live, client: httpx.Client
+) -> None:
+    job_id = live.store.queue("later").enqueue({"n": 1}, delay=3600)
+    csrf = login(client)
+    page = client.get(f"/queues/later/jobs/{job_id}").text
+    found = re.search(r'action="/actions/cancel".*?name="next" value="([^"]+)"', page, re.S)
+    assert found, "the job page has a cancel form"
+    next_page = html.unescape(found.group(1))
+    assert next_page == "/jobs?queue=later&state=scheduled"
+    response = post(
+        client, "cancel", {"queue": "later", "id": str(job_id), "csrf": csrf, "next": next_page}
+    )
+    assert response.status_code == 303
+    landed = client.get(response.headers["location"])
+    assert landed.status_code == 200
+    assert "1 job(s) cancelled." in landed.text
+    assert live.store.queue("later").get_job(job_id) is None

@@ -105,7 +105,7 @@ COMPLETED_COUNT = sql.SQL("SELECT count(*) FROM {completed} WHERE queue = %(queu
 # interval with days would be added in the session's time zone, across DST
 # changes. Its attempts are kept, so no claim of it can repeat an earlier
 # claim's (id, attempts) identity, and its budget is renewed by raising
-# max_attempts by its own size (D21).
+# max_attempts by the attempts it used (D21).
 REQUEUE = sql.SQL("""
     WITH found AS (
         SELECT id, queue, payload, content_type, priority, run_at, expires_at,

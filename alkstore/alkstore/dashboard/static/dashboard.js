@@ -107,6 +107,7 @@
       toggle.addEventListener("click", function () {
         paused = !paused;
         toggle.textContent = paused ? "Resume refresh" : "Pause refresh";
+        say(paused ? "refresh paused" : "refresh resumed");
       });
       status.parentNode.insertBefore(toggle, status);
     }
@@ -142,7 +143,7 @@
           main = node;
           drawCharts(main);
           document.title = doc.title;
-          say("updated " + new Date().toLocaleTimeString());
+          say("updated " + new Date().toISOString().slice(11, 19) + "Z");
         })
         .catch(function (error) {
           say("refresh failed: " + error.message);
