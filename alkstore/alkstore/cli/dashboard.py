@@ -11,6 +11,10 @@ from alkstore.cli.group import cli
 from alkstore.cli.options import APP_STORE, LOG_LEVEL
 
 TOKEN_ENV = "ALKSTORE_DASHBOARD_TOKEN"
+#: The Host names a dashboard listening on a loopback address answers by
+#: default: a page of another domain resolving to 127.0.0.1 (DNS
+#: rebinding) gets 400, not the queues.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
 
 
 @cli.command()
@@ -37,6 +41,16 @@ TOKEN_ENV = "ALKSTORE_DASHBOARD_TOKEN"
     help="Proxies trusted for X-Forwarded-Proto/For (uvicorn's) [default: 127.0.0.1].",
 )
 @click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="HOST",
+    help=(
+        "A Host name the dashboard answers (repeat; *.example.com allowed) "
+        "[default: 127.0.0.1 and localhost on a loopback --host, else any]."
+    ),
+)
+@click.option(
     "--refresh",
     type=click.FloatRange(0, 3600),
     default=5.0,
@@ -61,6 +75,7 @@ def dashboard(
     token: str | None,
     root_path: str,
     forwarded_allow_ips: str | None,
+    allowed_hosts: tuple[str, ...],
     refresh: float,
     metrics: bool,
     app_spec: str | None,
@@ -93,6 +108,7 @@ def dashboard(
                 refresh_s=refresh,
                 metrics=metrics,
                 queues=named,
+                allowed_hosts=_hosts(host, allowed_hosts),
             )
         except ValueError as exc:
             fail(str(exc))
@@ -112,3 +128,13 @@ def dashboard(
         mode = "actions enabled (log in with the token)" if actions else "read-only"
         click.echo(f"alkstore dashboard on http://{host}:{port}{root_path}/ ({mode})", err=True)
         uvicorn.Server(config).run()
+
+
+def _hosts(listen: str, given: tuple[str, ...]) -> list[str] | None:
+    """The Host names to answer: those given; else, listening on a
+    loopback address, the loopback names; else any (``None``)."""
+    if given:
+        return list(given)
+    if listen in (*LOOPBACK_HOSTS, "::1"):
+        return list(LOOPBACK_HOSTS)
+    return None

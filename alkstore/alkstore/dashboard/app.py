@@ -25,8 +25,9 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -41,6 +42,7 @@ from alkstore.dashboard.security import (
     SecurityHeaders,
     Session,
     Sessions,
+    add_headers,
     cross_site,
 )
 from alkstore.errors import AlkstoreError, ValidationError
@@ -67,6 +69,13 @@ NOTICES = {
     "login": "Logged in: actions are enabled.",
     "logout": "Logged out.",
 }
+
+
+def _decimal(text: str, max_digits: int) -> bool:
+    """Whether ``text`` is 1 to ``max_digits`` ASCII digits (``str.isdigit``
+    also takes ``²`` and other scripts' digits, which ``int`` refuses or
+    reads otherwise)."""
+    return 0 < len(text) <= max_digits and text.isascii() and text.isdigit()
 
 
 @dataclass(frozen=True)
@@ -144,7 +153,7 @@ class Dashboard:
         done = request.query_params.get("done")
         if done in NOTICES:
             count = request.query_params.get("n", "0")
-            notice = NOTICES[done].format(n=int(count) if count.isdigit() else 0)
+            notice = NOTICES[done].format(n=int(count) if _decimal(count, 19) else 0)
         here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         html = self.env.get_template(template).render(
             href=lambda name, query=None, **params: self.href(request, name, query, **params),
@@ -157,7 +166,7 @@ class Dashboard:
             version=alkstore.__version__,
             here=here,
             notice=notice,
-            now=datetime.now(UTC),
+            now=self.now(),
             **ctx,
         )
         return HTMLResponse(html, status_code=status, headers={"cache-control": "no-store"})
@@ -168,6 +177,15 @@ class Dashboard:
         )
 
     # -- reading ---------------------------------------------------------------
+
+    def now(self) -> datetime:
+        """Now by the store's clock (PostgreSQL's: the server's), against
+        which the store's instants are shown; the host's when the store
+        cannot say (an error page about the store)."""
+        try:
+            return self.store._now()
+        except AlkstoreError:
+            return datetime.now(UTC)
 
     def queue_names(self) -> list[str]:
         """The store's queues with the ones the dashboard was given, sorted."""
@@ -186,12 +204,12 @@ class Dashboard:
         after = request.query_params.get("after")
         if not after:
             return None
-        if not after.isdigit() or int(after) >= 2**63:
+        if not _decimal(after, 19) or int(after) >= 2**63:
             raise HTTPException(400, "after must be a job id")
         return int(after)
 
     def overview(self, request: Request) -> Response:
-        now = datetime.now(UTC)
+        now = self.now()
         rows = []
         for name in self.queue_names():
             queue = self.store.queue(name)
@@ -239,7 +257,7 @@ class Dashboard:
         )
 
     def job(self, request: Request) -> Response:
-        name = request.path_params["queue"]
+        name = request.query_params.get("queue", "")
         job_id = request.path_params["job_id"]
         found = self.queue_of(name).get_job(v.job_id(job_id))
         if found is None:
@@ -256,13 +274,15 @@ class Dashboard:
 
     def find(self, request: Request) -> Response:
         given = request.query_params.get("id", "").strip()
-        if not given.isdigit() or int(given) >= 2**63:
+        if not _decimal(given, 19) or int(given) >= 2**63:
             return self.error(request, 400, "a job id is a whole number")
         job_id = int(given)
         names = request.query_params.getlist("queue") or self.queue_names()
         for name in names:
             if self.queue_of(name).get_job(job_id) is not None:
-                return RedirectResponse(self.href(request, "job", queue=name, job_id=job_id), 303)
+                return RedirectResponse(
+                    self.href(request, "job", {"queue": name}, job_id=job_id), 303
+                )
         return self.error(request, 404, f"no job {job_id} in any queue")
 
     def dead(self, request: Request) -> Response:
@@ -429,7 +449,7 @@ class Dashboard:
     @staticmethod
     def _id(form: dict[str, str]) -> int:
         given = form.get("id", "")
-        if not given.isdigit():
+        if not _decimal(given, 19):
             raise ValidationError("a job id is a whole number")
         return v.job_id(int(given))
 
@@ -500,6 +520,7 @@ def create_app(
     refresh_s: float = 5.0,
     metrics: bool = False,
     queues: Sequence[str] = (),
+    allowed_hosts: Sequence[str] | None = None,
 ) -> Starlette:
     """The dashboard over ``store`` as an ASGI app (serve it with uvicorn).
 
@@ -523,6 +544,11 @@ def create_app(
     queues
         Queues to show (and measure) even while they hold no job, beside
         those the store has (``Store.queue_names()``): an app's, say.
+    allowed_hosts
+        The ``Host`` names the dashboard answers (Starlette's
+        ``TrustedHostMiddleware``; ``*.example.com`` patterns allowed);
+        others get 400, so a page on another domain that resolves to this
+        address (DNS rebinding) cannot read it. ``None``: any host.
 
     Raises
     ------
@@ -554,10 +580,22 @@ def create_app(
             return dash.error(request, 400, str(exc))
         return dash.error(request, 503, f"the store failed: {type(exc).__name__}: {exc}")
 
+    def on_bug(request: Request, exc: Exception) -> Response:
+        # Starlette calls this outside the middleware (after logging the
+        # traceback), so the page gets the security headers here.
+        try:
+            response = dash.error(request, 500, f"the dashboard failed: {type(exc).__name__}")
+        except Exception:
+            response = PlainTextResponse("the dashboard failed", status_code=500)
+        add_headers(response)
+        return response
+
     routes = [
         Route("/", dash.overview, name="overview"),
         Route("/jobs", dash.jobs, name="jobs"),
-        Route("/queues/{queue}/jobs/{job_id:int}", dash.job, name="job"),
+        # The queue in the query, not the path: "." and ".." are queue names
+        # that a browser would fold out of a path.
+        Route("/jobs/{job_id:int}", dash.job, name="job"),
         Route("/find", dash.find, name="find"),
         Route("/dead", dash.dead, name="dead"),
         Route("/schedules", dash.schedules, name="schedules"),
@@ -570,10 +608,13 @@ def create_app(
     ]
     if metrics:
         routes.append(Route("/metrics", _metrics_endpoint(store, queues), name="metrics"))
+    middleware = [Middleware(SecurityHeaders)]
+    if allowed_hosts is not None:
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)))
     return Starlette(
         routes=routes,
-        middleware=[Middleware(SecurityHeaders)],
-        exception_handlers={HTTPException: on_error, AlkstoreError: on_error},
+        middleware=middleware,
+        exception_handlers={HTTPException: on_error, AlkstoreError: on_error, Exception: on_bug},
     )
 
 

@@ -17,6 +17,14 @@ from alkstore.contract.job import Job
 PREVIEW_WIDTH = 160
 #: The most bytes of a binary payload a job page shows as hex.
 HEX_BYTES = 4096
+#: The most bytes of a binary payload a job page shows as base64, and the
+#: most characters of a JSON one it shows pretty-printed: a page refreshes
+#: every few seconds, and a payload may be 64 MiB (``alkstore job ID
+#: --json`` prints one whole).
+SHOWN_MAX = 256 * 1024
+#: A list decodes a payload for its one-line preview only up to this size;
+#: a bigger one shows the start of its bytes.
+PREVIEW_DECODE_MAX = 64 * 1024
 #: The minutes a throughput chart covers.
 CHART_MINUTES = 60
 
@@ -73,6 +81,9 @@ def _decoded(job: Job) -> tuple[bool, Any]:
 
 def preview(job: Job) -> str:
     """The payload on one line, cut at :data:`PREVIEW_WIDTH`."""
+    if len(job.payload_bytes) > PREVIEW_DECODE_MAX:
+        start = job.payload_bytes[: PREVIEW_WIDTH * 4].decode("utf-8", "replace")
+        return first_line(f"{len(job.payload_bytes)} bytes: {start}")
     ok, value = _decoded(job)
     if isinstance(value, bytes):
         head = value[:16].hex(" ")
@@ -108,8 +119,14 @@ def show(value: Any) -> Shown:
         ]
         if len(value) > HEX_BYTES:
             lines.append(f"\u2026 {len(value) - HEX_BYTES} more bytes")
-        return Shown("bytes", "\n".join(lines), base64.b64encode(value).decode(), len(value))
-    return Shown("json", json.dumps(value, indent=2, ensure_ascii=False))
+        shown = base64.b64encode(value[:SHOWN_MAX]).decode()
+        if len(value) > SHOWN_MAX:
+            shown += f"\n\u2026 {len(value) - SHOWN_MAX} more bytes"
+        return Shown("bytes", "\n".join(lines), shown, len(value))
+    text = json.dumps(value, indent=2, ensure_ascii=False)
+    if len(text) > SHOWN_MAX:
+        text = text[:SHOWN_MAX] + f"\n\u2026 {len(text) - SHOWN_MAX} more characters"
+    return Shown("json", text)
 
 
 def show_payload(job: Job) -> Shown:

@@ -36,6 +36,7 @@ __all__ = [
     "SecurityHeaders",
     "Session",
     "Sessions",
+    "add_headers",
     "cross_site",
 ]
 
@@ -58,6 +59,12 @@ HEADERS = (
     ("x-frame-options", "DENY"),
     ("referrer-policy", "same-origin"),
 )
+
+
+def add_headers(response: Response) -> None:
+    """Add :data:`HEADERS` to ``response`` (those it does not set itself)."""
+    for name, value in HEADERS:
+        response.headers.setdefault(name, value)
 
 
 class SecurityHeaders:
@@ -121,7 +128,8 @@ class Sessions:
     def read(self, request: Request) -> Session | None:
         """The request's session: its cookie signed by this token, unexpired."""
         value = request.cookies.get(COOKIE)
-        if not value or value.count(".") != 1:
+        # Ours are ASCII; anything else (set by a sibling site, say) is no session.
+        if not value or not value.isascii() or value.count(".") != 1:
             return None
         body, signature = value.split(".")
         if not hmac.compare_digest(signature, self._sign(body)):

@@ -103,7 +103,7 @@ def log_in(watched: Watched, live: Live) -> None:
 PAGES = {
     "queues": "/",
     "jobs": "/jobs?queue=mail&state=completed",
-    "job": "/queues/mail/jobs/{dead}",
+    "job": "/jobs/{dead}?queue=mail",
     "dead": "/dead?queue=mail",
     "schedules": "/schedules",
     "workers": "/workers",
@@ -164,12 +164,12 @@ def test_the_page_refreshes_itself_without_reloading(live: Live, watched: Watche
 
 def test_the_hostile_payload_stays_text(live: Live, watched: Watched) -> None:
     page = watched.page
-    page.goto(f"{live.url}/queues/mail/jobs/{live.hostile_scheduled_id}")
+    page.goto(f"{live.url}/jobs/{live.hostile_scheduled_id}?queue=mail")
     shown = page.locator("#payload pre").inner_text()
     assert json.loads(shown) == HOSTILE
     assert shown == json.dumps(HOSTILE, indent=2, ensure_ascii=False)
     watched.clean()
-    page.goto(f"{live.url}/queues/mail/jobs/{live.hostile_dead_id}")
+    page.goto(f"{live.url}/jobs/{live.hostile_dead_id}?queue=mail")
     error = page.locator("#last-error").inner_text()
     assert f"RuntimeError: refused {HOSTILE['x']} {HOSTILE['y']}" in error
     watched.clean()
@@ -238,7 +238,7 @@ def test_pages_read_without_javascript(live: Live, browser: Any) -> None:
         assert page.locator("svg").count() == 0
         assert "the chart needs JavaScript" in page.locator('tr[data-queue="mail"]').inner_text()
         assert page.locator("#refresh-toggle").count() == 0
-        page.goto(f"{live.url}/queues/mail/jobs/{live.hostile_scheduled_id}")
+        page.goto(f"{live.url}/jobs/{live.hostile_scheduled_id}?queue=mail")
         assert json.loads(page.locator("#payload pre").inner_text()) == HOSTILE
         page.goto(f"{live.url}/jobs?queue=mail&state=completed")
         assert page.locator("tr[data-job]").count() == len(live.completed_ids)

@@ -112,8 +112,8 @@ def test_jobs_lists_by_state_and_pages_by_id(live: Live, client: httpx.Client) -
 
 def test_the_hostile_payload_is_text_everywhere(live: Live, client: httpx.Client) -> None:
     pages = [
-        client.get(f"/queues/mail/jobs/{live.hostile_scheduled_id}").text,
-        client.get(f"/queues/mail/jobs/{live.hostile_dead_id}").text,
+        client.get(f"/jobs/{live.hostile_scheduled_id}?queue=mail").text,
+        client.get(f"/jobs/{live.hostile_dead_id}?queue=mail").text,
         client.get("/dead", params={"queue": "mail"}).text,
         client.get("/jobs", params={"queue": "mail", "state": "scheduled"}).text,
         client.get("/jobs", params={"queue": "mail", "state": "completed"}).text,
@@ -136,17 +136,17 @@ def test_the_hostile_payload_is_text_everywhere(live: Live, client: httpx.Client
 
 
 def test_a_completed_job_shows_its_result(live: Live, client: httpx.Client) -> None:
-    page = client.get(f"/queues/mail/jobs/{live.completed_ids[0]}").text
+    page = client.get(f"/jobs/{live.completed_ids[0]}?queue=mail").text
     result = re.search(r'<div id="result"><pre class="value">(.*?)</pre>', page, re.S)
     assert result
     assert json.loads(html.unescape(result.group(1))) == {"sent_to": "user0@example.com"}
-    assert client.get("/queues/mail/jobs/999999999").status_code == 404
+    assert client.get("/jobs/999999999?queue=mail").status_code == 404
 
 
 def test_find_redirects_to_the_job(live: Live, client: httpx.Client) -> None:
     response = client.get("/find", params={"id": live.hostile_dead_id})
     assert response.status_code == 303
-    assert response.headers["location"] == f"/queues/mail/jobs/{live.hostile_dead_id}"
+    assert response.headers["location"] == f"/jobs/{live.hostile_dead_id}?queue=mail"
 
 
 def test_schedules_show_the_next_boundary(live: Live, client: httpx.Client) -> None:
@@ -272,7 +272,7 @@ def test_behind_a_proxy_links_carry_the_root_path(live: Live) -> None:
     with serve(create_app(live.store, refresh_s=0), root_path="/alkstore") as url:
         page = httpx.get(url + "/dead?queue=mail").text
         assert 'href="/alkstore/static/dashboard.css"' in page
-        assert f'href="/alkstore/queues/mail/jobs/{live.hostile_dead_id}"' in page
+        assert f'href="/alkstore/jobs/{live.hostile_dead_id}?queue=mail"' in page
         links = re.findall(r'href="(/[^"]*)"', page)
         assert links
         assert all(link.startswith("/alkstore/") for link in links)
@@ -332,7 +332,7 @@ def test_metrics_serve_the_queues_gauges(live: Live) -> None:
 def test_a_binary_payload_shows_as_hex_and_base64(live: Live, client: httpx.Client) -> None:
     data = b"\x00\x01<img src=x>\xff" * 3
     job_id = live.store.queue("binary").enqueue(data, delay=3600)
-    page = client.get(f"/queues/binary/jobs/{job_id}").text
+    page = client.get(f"/jobs/{job_id}?queue=binary").text
     assert f"<p>{len(data)} bytes (hex, then base64):</p>" in page
     assert data[:16].hex(" ") in page
     assert base64.b64encode(data).decode() in page
@@ -384,7 +384,7 @@ def test_cancel_from_a_job_page_leads_to_its_queue_not_a_missing_job(
 ) -> None:
     job_id = live.store.queue("later").enqueue({"n": 1}, delay=3600)
     csrf = login(client)
-    page = client.get(f"/queues/later/jobs/{job_id}").text
+    page = client.get(f"/jobs/{job_id}?queue=later").text
     found = re.search(r'action="/actions/cancel".*?name="next" value="([^"]+)"', page, re.S)
     assert found, "the job page has a cancel form"
     next_page = html.unescape(found.group(1))
@@ -397,3 +397,87 @@ def test_cancel_from_a_job_page_leads_to_its_queue_not_a_missing_job(
     assert landed.status_code == 200
     assert "1 job(s) cancelled." in landed.text
     assert live.store.queue("later").get_job(job_id) is None
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/jobs?queue=mail&after=%C2%B2",
+        "/dead?queue=mail&after=%D9%A1",
+        "/find?id=%C2%B2",
+        "/?done=requeued&n=%C2%B2",
+        "/jobs?queue=mail&after=" + "9" * 5000,
+    ],
+)
+def test_odd_digits_are_refused_or_ignored_never_a_bare_500(
+    client: httpx.Client, path: str
+) -> None:
+    """``str.isdigit`` takes '²' and other scripts' digits; ``int`` does not."""
+    response = client.get(path)
+    assert response.status_code in (200, 400)
+    assert "content-security-policy" in response.headers
+    if path.startswith("/?done"):
+        assert "0 dead job(s) requeued." in response.text
+
+
+def test_a_foreign_cookie_is_no_session_not_an_error(live: Live) -> None:
+    cookie = "alkstore_dashboard=abc.\u00e9".encode()  # UTF-8 bytes, as a browser sends
+    response = httpx.get(live.url + "/", headers={"cookie": cookie})
+    assert response.status_code == 200
+    assert "Log in" in response.text
+
+
+def test_a_host_not_allowed_gets_400_with_the_headers(live: Live) -> None:
+    app = create_app(live.store, refresh_s=0, allowed_hosts=["127.0.0.1", "localhost"])
+    with serve(app) as url:
+        assert httpx.get(url + "/").status_code == 200
+        rebound = httpx.get(url + "/", headers={"host": "evil.example"})
+    assert rebound.status_code == 400
+    assert "mail" not in rebound.text
+    assert "content-security-policy" in rebound.headers
+
+
+def test_a_bug_answers_500_with_the_headers(live: Live) -> None:
+    class Broken:
+        """A store whose queue listing fails with an error no handler knows."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(live.store, name)
+
+        def queue_names(self) -> list[str]:
+            raise ZeroDivisionError("a bug")
+
+    with serve(create_app(Broken(), refresh_s=0)) as url:  # type: ignore[arg-type]
+        response = httpx.get(url + "/")
+    assert response.status_code == 500
+    assert "the dashboard failed: ZeroDivisionError" in response.text
+    assert "content-security-policy" in response.headers
+
+
+def test_big_payloads_are_shown_cut(live: Live, client: httpx.Client) -> None:
+    queue = live.store.queue("big")
+    blob = bytes(range(256)) * 4096  # 1 MiB
+    text = "x" * 600_000
+    blob_id = queue.enqueue(blob, delay=3600)
+    text_id = queue.enqueue({"text": text}, delay=3600)
+    blob_page = client.get(f"/jobs/{blob_id}?queue=big").text
+    text_page = client.get(f"/jobs/{text_id}?queue=big").text
+    assert f"\u2026 {len(blob) - 256 * 1024} more bytes" in blob_page
+    assert len(blob_page) < 600_000
+    assert "more characters" in text_page
+    assert len(text_page) < 400_000
+    listing = client.get("/jobs?queue=big&state=scheduled").text
+    assert f"{len(blob)} bytes:" in listing
+    assert len(listing) < 100_000
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_queues_named_dot_and_dot_dot_have_reachable_job_pages(
+    live: Live, client: httpx.Client, name: str
+) -> None:
+    job_id = live.store.queue(name).enqueue({"n": 1}, delay=3600)
+    listing = client.get("/jobs", params={"queue": name, "state": "scheduled"}).text
+    link = html.unescape(re.search(rf'href="([^"]*/jobs/{job_id}\?[^"]*)"', listing).group(1))  # type: ignore[union-attr]
+    page = client.get(link)
+    assert page.status_code == 200
+    assert f"Job {job_id}" in page.text
