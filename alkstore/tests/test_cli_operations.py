@@ -822,3 +822,17 @@ def test_workers_lists_the_live_records(project: Path, url: str) -> None:
         "running": [3, 9],
         "ttl_s": 3600.0,
     }
+
+
+def test_workers_prints_stored_control_characters_escaped(project: Path, url: str) -> None:
+    """A worker id is any text: a newline or an escape sequence in one
+    neither adds a row nor reaches the terminal."""
+    now = datetime.now(UTC)
+    with alkstore.open(url) as store:
+        store.register_worker(
+            alkstore.WorkerInfo("w\nforged \x1b]0;x\x07", "h", 1, ("q",), 1, now, now, (), 60.0)
+        )
+    lines = ok(run(project, url, "workers")).splitlines()
+    assert len(lines) == 2
+    assert lines[1].startswith("w\\nforged \\x1b]0;x\\x07  ")
+    assert "\x1b" not in "".join(lines)

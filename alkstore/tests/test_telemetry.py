@@ -428,6 +428,51 @@ def test_a_raising_observer_breaks_neither_enqueues_nor_jobs(
     assert "raised in job_started; ignored" in caplog.text
 
 
+class _FailsLeaving(Observer):
+    """Raises when the enqueue it wraps ends; or, with ``swallow``, says it
+    handled the enqueue's exception (a context manager returning True)."""
+
+    def __init__(self, swallow: bool = False) -> None:
+        self.swallow = swallow
+
+    def enqueuing(
+        self, queue: str, task: str, count: int
+    ) -> AbstractContextManager[dict[str, str] | None]:
+        observer = self
+
+        class Leaving:
+            def __enter__(self) -> None:
+                return None
+
+            def __exit__(self, *exc: object) -> bool:
+                if observer.swallow:
+                    return True
+                raise RuntimeError("exporter down")
+
+        return Leaving()
+
+
+def test_an_observer_failing_after_the_enqueue_neither_fails_it_nor_hides_its_error(
+    app: App, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The job is stored: the caller gets its id, not the observer's error
+    (a retry would enqueue it twice); and an observer cannot swallow the
+    enqueue's own error."""
+
+    @app.task(queue="q", name="t")
+    def t(n: int) -> None:
+        pass
+
+    app.add_observer(_FailsLeaving())
+    job_id = t.enqueue(1)
+    assert app.queue("q").get_job(job_id) is not None
+    assert "raised leaving enqueuing; ignored" in caplog.text
+    app.add_observer(_FailsLeaving(swallow=True))
+    with pytest.raises(ValidationError):
+        t.enqueue(float("nan"))  # not JSON: the enqueue raises
+    assert app.queue("q").stats().pending == 1
+
+
 def test_observers_are_added_once_and_removed(app: App, telemetry: Telemetry) -> None:
     @app.task(queue="q", name="t")
     def t() -> None:

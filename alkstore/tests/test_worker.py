@@ -161,6 +161,10 @@ def test_worker_options_are_validated(app: App) -> None:
         app.worker(grace_period_s=-1)
     with pytest.raises(ValidationError, match="sweep_interval_s"):
         app.worker(sweep_interval_s=0)
+    for bad_interval in (0, -1, 8 * 3600 + 1):  # its record lives 3 intervals, at most a day
+        with pytest.raises(ValidationError, match="registry_interval_s"):
+            app.worker(registry_interval_s=bad_interval)
+    app.worker(registry_interval_s=8 * 3600)
     with pytest.raises(ValidationError, match="worker_id"):
         app.worker(worker_id="")
     with pytest.raises(ValidationError, match="queue name"):

@@ -11,8 +11,17 @@ from typing import Any
 from alkstore.contract.job import Job
 
 
+def printable(text: str) -> str:
+    """``text`` with each character that is not printable (a newline, an
+    escape sequence's ESC) written as its Python escape, so a stored value
+    (a worker id, an error) can neither forge a row nor drive the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    cells = [list(header), *map(list, rows)]
+    cells = [list(map(printable, header)), *(list(map(printable, row)) for row in rows)]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     return "\n".join(
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()

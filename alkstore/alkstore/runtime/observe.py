@@ -219,20 +219,39 @@ class Observers:
     def enqueuing(self, queue: str, task: str, payloads: list[dict[str, Any]]) -> Iterator[None]:
         """Around the enqueue of ``payloads`` (task payloads, changed in
         place: each gets the carried context under :data:`TRACE_KEY`)."""
-        with contextlib.ExitStack() as stack:
-            carried: dict[str, str] = {}
-            for observer in self.all:
-                try:
-                    got = stack.enter_context(observer.enqueuing(queue, task, len(payloads)))
-                except Exception:
-                    log.exception("observer %r raised in enqueuing; ignored", observer)
-                    continue
-                if got:
-                    carried.update(got)
-            if carried:
-                for payload in payloads:
-                    payload[TRACE_KEY] = carried
+        entered: list[tuple[Observer, contextlib.AbstractContextManager[Any]]] = []
+        carried: dict[str, str] = {}
+        for observer in self.all:
+            try:
+                manager = observer.enqueuing(queue, task, len(payloads))
+                got = manager.__enter__()
+            except Exception:
+                log.exception("observer %r raised in enqueuing; ignored", observer)
+                continue
+            entered.append((observer, manager))
+            if got:
+                carried.update(got)
+        if carried:
+            for payload in payloads:
+                payload[TRACE_KEY] = carried
+        error: BaseException | None = None
+        try:
             yield
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            # Each sees the enqueue's end, in reverse order; none can change
+            # it: what an exit raises is logged, and its return value (which
+            # would swallow the enqueue's error) is ignored.
+            for observer, manager in reversed(entered):
+                try:
+                    if error is None:
+                        manager.__exit__(None, None, None)
+                    else:
+                        manager.__exit__(type(error), error, error.__traceback__)
+                except Exception:
+                    log.exception("observer %r raised leaving enqueuing; ignored", observer)
 
     def job_started(self, job: JobHandle, task: str) -> JobWatch:
         """Before a job's handler runs, on its thread or in its coroutine."""

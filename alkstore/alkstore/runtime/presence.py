@@ -20,10 +20,18 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from alkstore.contract.store import Store
-from alkstore.contract.workers import WorkerInfo
+from alkstore.contract.workers import MAX_WORKER_TTL_S, WorkerInfo
+from alkstore.errors import ValidationError
+from alkstore.logic import validation as v
 from alkstore.runtime.observe import COUNTED_OUTCOMES
 
-__all__ = ["DEFAULT_REGISTRY_INTERVAL_S", "REGISTRY_TTL_INTERVALS", "Presence"]
+__all__ = [
+    "DEFAULT_REGISTRY_INTERVAL_S",
+    "MAX_REGISTRY_INTERVAL_S",
+    "REGISTRY_TTL_INTERVALS",
+    "Presence",
+    "registry_interval_s",
+]
 
 log = logging.getLogger("alkstore")
 
@@ -31,6 +39,28 @@ log = logging.getLogger("alkstore")
 DEFAULT_REGISTRY_INTERVAL_S = 10.0
 #: A record outlives its last refresh by this many intervals.
 REGISTRY_TTL_INTERVALS = 3
+#: The longest interval: its record's ttl_s stays within the registry's bound.
+MAX_REGISTRY_INTERVAL_S = MAX_WORKER_TTL_S / REGISTRY_TTL_INTERVALS
+
+
+def registry_interval_s(value: object) -> float | None:
+    """Check a worker's ``registry_interval_s``: ``None`` (no record), or
+    seconds in ``(0, MAX_REGISTRY_INTERVAL_S]`` (8 hours).
+
+    Raises
+    ------
+    ValidationError
+        Otherwise.
+    """
+    if value is None:
+        return None
+    interval_s = v.duration_s(value, "registry_interval_s", positive=True)
+    if interval_s > MAX_REGISTRY_INTERVAL_S:
+        raise ValidationError(
+            f"registry_interval_s must be at most {MAX_REGISTRY_INTERVAL_S:g} s "
+            f"(its record lives {REGISTRY_TTL_INTERVALS} intervals, at most a day)"
+        )
+    return interval_s
 
 
 class Presence:

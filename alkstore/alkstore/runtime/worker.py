@@ -67,6 +67,7 @@ from alkstore.runtime.outbox import Send
 from alkstore.runtime.outcome import Fail, Retry, describe_exception, retry_or_bury
 from alkstore.runtime.pool import DaemonPool
 from alkstore.runtime.presence import DEFAULT_REGISTRY_INTERVAL_S, Presence
+from alkstore.runtime.presence import registry_interval_s as check_registry_interval
 from alkstore.runtime.scheduler import DEFAULT_TICK_INTERVAL_S, Scheduler
 from alkstore.runtime.signals import EXIT_AFTER_S, stop_signals
 from alkstore.runtime.sweeper import DEFAULT_SWEEP_INTERVAL_S, Sweeper
@@ -368,7 +369,7 @@ class Worker:
         ticks (run ``alkstore scheduler`` instead; docs/schedules.md).
     registry_interval_s
         Seconds between refreshes of the worker's record in the workers
-        registry, ``> 0`` (default 10), each with the jobs it runs and the
+        registry, ``> 0`` and at most 8 hours (default 10), each with the jobs it runs and the
         per-queue counts of jobs ended since the last (docs/contract.md §11,
         ``Store.workers()``, ``alkstore workers``); the record drops off
         three intervals after the last refresh if the worker dies without
@@ -442,11 +443,7 @@ class Worker:
             if tick_interval_s is None
             else v.duration_s(tick_interval_s, "tick_interval_s", positive=True)
         )
-        self._registry_interval_s = (
-            None
-            if registry_interval_s is None
-            else v.duration_s(registry_interval_s, "registry_interval_s", positive=True)
-        )
+        self._registry_interval_s = check_registry_interval(registry_interval_s)
         # The worker's record and throughput reports, made when a run starts.
         self._presence: Presence | None = None
         if not isinstance(relays, bool):
