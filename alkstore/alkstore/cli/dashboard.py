@@ -135,6 +135,8 @@ def _hosts(listen: str, given: tuple[str, ...]) -> list[str] | None:
     loopback address, the loopback names; else any (``None``)."""
     if given:
         return list(given)
-    if listen in (*LOOPBACK_HOSTS, "::1"):
+    if listen in LOOPBACK_HOSTS:
         return list(LOOPBACK_HOSTS)
+    # Any other address, ::1 among them (Starlette's host check cannot
+    # match an IPv6 literal's "[::1]:port").
     return None

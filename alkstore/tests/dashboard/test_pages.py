@@ -312,6 +312,10 @@ def test_the_command_serves_the_store(tmp_path: Path) -> None:
 
         wait_until(up, "the command's server")
         assert 'data-queue="reports"' in httpx.get(f"http://127.0.0.1:{port}/").text
+        # On a loopback --host it answers only loopback names (DNS rebinding).
+        assert httpx.get(f"http://localhost:{port}/").status_code == 200
+        rebound = httpx.get(f"http://127.0.0.1:{port}/", headers={"host": "evil.example"})
+        assert rebound.status_code == 400
     finally:
         process.terminate()
         process.wait(30)
