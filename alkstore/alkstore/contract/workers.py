@@ -6,7 +6,7 @@ registry" and "Throughput").
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import NamedTuple
 
@@ -116,14 +116,4 @@ def check_worker_info(info: object) -> WorkerInfo:
     ttl_s = v.duration_s(info.ttl_s, "ttl_s")
     if not 0 < ttl_s <= MAX_WORKER_TTL_S:
         raise ValidationError(f"ttl_s must be in (0, {MAX_WORKER_TTL_S:g}] seconds")
-    return WorkerInfo(
-        info.id,
-        info.host,
-        info.pid,
-        queues,
-        info.concurrency,
-        started_at,
-        info.last_seen_at,
-        running,
-        ttl_s,
-    )
+    return replace(info, queues=queues, started_at=started_at, running=running, ttl_s=ttl_s)

@@ -91,6 +91,9 @@ class Presence:
     ) -> None:
         self._store = store
         self._worker_id = worker_id
+        # Where it runs, read once: the record repeats them at each refresh.
+        self._host = socket.gethostname()[:255] or "unknown"
+        self._pid = os.getpid()
         self._queues = tuple(queues)
         self._concurrency = concurrency
         self._ttl_s = REGISTRY_TTL_INTERVALS * interval_s
@@ -143,8 +146,8 @@ class Presence:
     def _info(self, started_at: datetime) -> WorkerInfo:
         return WorkerInfo(
             id=self._worker_id,
-            host=socket.gethostname()[:255] or "unknown",
-            pid=os.getpid(),
+            host=self._host,
+            pid=self._pid,
             queues=self._queues,
             concurrency=self._concurrency,
             started_at=started_at,
